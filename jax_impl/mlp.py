@@ -1,0 +1,34 @@
+"""SwiGLU MLP with gate and up merged in one projection: down(silu(x Wg) * (x Wu)).
+
+Mirrors torch_impl/mlp.py. `gate_up_proj` is [H -> 2I] with the gate in the first I outputs (Flax keeps
+the kernel as [H, 2I]); the loader packs the checkpoint's gate_proj and up_proj in that order.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_impl.activation import SiluAndMul
+from spec import ModelSpec
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class MLP(nnx.Module):
+    def __init__(self, spec: ModelSpec, layer_idx: int, *, dtype: jnp.dtype, kernels: str = "reference",
+                 rngs: nnx.Rngs):
+        self.layer_idx = layer_idx
+        kw = dict(use_bias=False, dtype=dtype, param_dtype=dtype, precision=HIGHEST, rngs=rngs)
+        self.gate_up_proj = nnx.Linear(spec.hidden_size, 2 * spec.intermediate_size, **kw)
+        self.act_fn = SiluAndMul(kernels=kernels)
+        self.down_proj = nnx.Linear(spec.intermediate_size, spec.hidden_size, **kw)
+
+    def __call__(self, x: jax.Array, trace: dict[str, jax.Array] | None = None) -> jax.Array:
+        gate_up = self.gate_up_proj(x)  # [B, T, 2I]
+        act = self.act_fn(gate_up)  # [B, T, I]
+        if trace is not None:
+            trace[f"layers.{self.layer_idx}.mlp.gate_up"] = gate_up
+            trace[f"layers.{self.layer_idx}.mlp.act"] = act
+        return self.down_proj(act)  # [B, T, H]

@@ -1,0 +1,9 @@
+"""decoder-parity's PyTorch backend: Qwen3 / Qwen2 / Llama decoders from one `spec.ModelSpec`.
+
+Twin of `jax_impl` (same file, class and attribute names). Imports torch and never JAX.
+"""
+
+from torch_impl.loader import DTYPES, from_pretrained
+from torch_impl.model import CausalLM, Model
+
+__all__ = ["DTYPES", "CausalLM", "Model", "from_pretrained"]

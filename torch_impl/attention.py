@@ -1,0 +1,81 @@
+"""Grouped-query causal self-attention with RoPE and Qwen3's per-head q/k RMSNorm.
+
+Mirrors jax_impl/attention.py. q/k/v projections (bias where the spec says so), per-head RMSNorm on q and
+k before RoPE (Qwen3), rotate-half RoPE, key/value heads shared by `num_kv_groups` consecutive query
+heads (repeat_interleave, as Hugging Face's repeat_kv), scores and softmax in float32, output projection.
+An optional KV cache receives this step's keys and values and returns every cached one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from spec import ModelSpec
+from torch_impl.layernorm import RMSNorm
+from torch_impl.rotary_embedding import apply_rotary
+
+if TYPE_CHECKING:
+    from torch_impl.kv_cache import KVCache
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, S, n_kv, d] -> [B, S, n_kv * groups, d]; query head h reads kv head h // groups."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=2)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, T, n, d], k/v [B, S, n, d], mask [B, T, S] bool (True = may attend) -> [B, T, n, d].
+
+    Scores, softmax and the weighted sum run in float32; masked scores get the float32 minimum rather
+    than -inf so that a fully masked (padding) row stays finite instead of turning into NaN.
+    """
+    scores = torch.einsum("btnd,bsnd->bnts", q.float(), k.float()) * scale  # [B, n, T, S]
+    scores = scores.masked_fill(~mask[:, None], torch.finfo(torch.float32).min)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("bnts,bsnd->btnd", probs, v.float()).to(q.dtype)  # [B, T, n, d]
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, layer_idx: int, *, kernels: str = "reference"):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+        self.groups = spec.num_kv_groups
+        self.scale = spec.head_dim**-0.5
+        h, q_out, kv_out = spec.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(h, q_out, bias=spec.attention_bias)
+        self.k_proj = nn.Linear(h, kv_out, bias=spec.attention_bias)
+        self.v_proj = nn.Linear(h, kv_out, bias=spec.attention_bias)
+        self.o_proj = nn.Linear(q_out, h, bias=False)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, kernels=kernels)
+            self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, kernels=kernels)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+        trace: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # [B, T, n, d]
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # [B, T, n_kv, d]
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # [B, T, n_kv, d]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if trace is not None:
+            trace[f"layers.{self.layer_idx}.attn.q"] = q
+            trace[f"layers.{self.layer_idx}.attn.k"] = k
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # [B, S, n_kv, d], every cached position
+        out = attend(q, repeat_kv(k, self.groups), repeat_kv(v, self.groups), mask, self.scale)
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))  # [B, T, H]

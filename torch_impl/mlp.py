@@ -1,0 +1,30 @@
+"""SwiGLU MLP with gate and up merged in one projection: down(silu(x Wg) * (x Wu)).
+
+Mirrors jax_impl/mlp.py. `gate_up_proj` is [H -> 2I] with the gate in the first I outputs; the loader
+packs the checkpoint's gate_proj and up_proj in that order (spec/params.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from spec import ModelSpec
+from torch_impl.activation import SiluAndMul
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, layer_idx: int, *, kernels: str = "reference"):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
+        self.act_fn = SiluAndMul(kernels=kernels)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, trace: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [B, T, 2I]
+        act = self.act_fn(gate_up)  # [B, T, I]
+        if trace is not None:
+            trace[f"layers.{self.layer_idx}.mlp.gate_up"] = gate_up
+            trace[f"layers.{self.layer_idx}.mlp.act"] = act
+        return self.down_proj(act)  # [B, T, H]

@@ -15,7 +15,7 @@ def default_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory):
     """hf_checkpoint(name) -> directory written by transformers' save_pretrained (cached per session)."""
-    from hf_models import save_hf_checkpoint
+    from tests.hf_models import save_hf_checkpoint
 
     made: dict[str, object] = {}
 

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, spec: ModelSpec, layer_idx: int, *, dtype: jnp.dtype, kernels: str = "reference",
-                 rngs: nnx.Rngs):
+    def __init__(
+        self, spec: ModelSpec, layer_idx: int, *, dtype: jnp.dtype, kernels: str = "reference", rngs: nnx.Rngs
+    ):
         self.layer_idx = layer_idx
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
         self.self_attn = Attention(spec, layer_idx, dtype=dtype, kernels=kernels, rngs=rngs)

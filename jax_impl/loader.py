@@ -36,5 +36,5 @@ def from_pretrained(
         value = jnp.asarray(array.T if kind == LINEAR else array, dtype=dtype)  # [out, in] -> Flax [in, out]
         if value.shape != param.shape:
             raise AssertionError(f"{module}.{role}: packed shape {list(value.shape)} != {list(param.shape)}")
-        param.value = value
+        param.set_value(value)  # replaces the abstract ShapeDtypeStruct with the loaded array
     return model

@@ -17,8 +17,9 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 
 class MLP(nnx.Module):
-    def __init__(self, spec: ModelSpec, layer_idx: int, *, dtype: jnp.dtype, kernels: str = "reference",
-                 rngs: nnx.Rngs):
+    def __init__(
+        self, spec: ModelSpec, layer_idx: int, *, dtype: jnp.dtype, kernels: str = "reference", rngs: nnx.Rngs
+    ):
         self.layer_idx = layer_idx
         kw = dict(use_bias=False, dtype=dtype, param_dtype=dtype, precision=HIGHEST, rngs=rngs)
         self.gate_up_proj = nnx.Linear(spec.hidden_size, 2 * spec.intermediate_size, **kw)

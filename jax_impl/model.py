@@ -74,16 +74,22 @@ class Model(nnx.Module):
 
 
 class CausalLM(nnx.Module):
-    def __init__(self, spec: ModelSpec, *, dtype: jnp.dtype = jnp.float32, kernels: str = "reference",
-                 rngs: nnx.Rngs):
+    def __init__(self, spec: ModelSpec, *, dtype: jnp.dtype = jnp.float32, kernels: str = "reference", rngs: nnx.Rngs):
         self.spec = spec
         self.kernels = resolve_kernels(kernels, on_gpu=jax.default_backend() == "gpu")
         self.model = Model(spec, dtype=dtype, kernels=self.kernels, rngs=rngs)
         if spec.tie_word_embeddings:
             self.lm_head = None  # tied: logits come from model.embed_tokens.attend, the one table
         else:
-            self.lm_head = nnx.Linear(spec.hidden_size, spec.vocab_size, use_bias=False, dtype=dtype,
-                                      param_dtype=dtype, precision=HIGHEST, rngs=rngs)
+            self.lm_head = nnx.Linear(
+                spec.hidden_size,
+                spec.vocab_size,
+                use_bias=False,
+                dtype=dtype,
+                param_dtype=dtype,
+                precision=HIGHEST,
+                rngs=rngs,
+            )
 
     def logits(
         self,
@@ -127,9 +133,15 @@ class CausalLM(nnx.Module):
             if key_valid.shape != (b, t):
                 raise InputError(f"attention_mask has shape {list(key_valid.shape)}, expected [{b}, {t}]")
         graphdef, state = nnx.split(self)
-        logits, captured = forward(graphdef, state, jnp.asarray(ids, jnp.int32), key_valid,
-                                   None if positions is None else jnp.asarray(positions, jnp.int32),
-                                   last_only=last_only, trace=trace is not None)
+        logits, captured = forward(
+            graphdef,
+            state,
+            jnp.asarray(ids, jnp.int32),
+            key_valid,
+            None if positions is None else jnp.asarray(positions, jnp.int32),
+            last_only=last_only,
+            trace=trace is not None,
+        )
         if trace is not None:
             trace.update(captured)
         return logits

@@ -12,7 +12,23 @@ from spec.params import ParamEntry, param_table, parameter_count, runtime_groups
 from spec.validate import validate_checkpoint
 
 __all__ = [
-    "DEFAULT_SPEC", "Checkpoint", "CheckpointError", "ConfigError", "DecoderParityError", "InputError", "ModelSpec",
-    "ParamEntry", "RopeScaling", "check_token_ids", "default_checkpoint", "param_table", "parameter_count",
-    "random_weights", "rope_inv_freq", "runtime_groups", "runtime_params", "validate_checkpoint", "write_checkpoint",
+    "DEFAULT_SPEC",
+    "Checkpoint",
+    "CheckpointError",
+    "ConfigError",
+    "DecoderParityError",
+    "InputError",
+    "ModelSpec",
+    "ParamEntry",
+    "RopeScaling",
+    "check_token_ids",
+    "default_checkpoint",
+    "param_table",
+    "parameter_count",
+    "random_weights",
+    "rope_inv_freq",
+    "runtime_groups",
+    "runtime_params",
+    "validate_checkpoint",
+    "write_checkpoint",
 ]

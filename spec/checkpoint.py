@@ -46,9 +46,11 @@ class Checkpoint:
         else:
             pickles = sorted(p.name for p in self.directory.iterdir() if p.suffix in _PICKLE_SUFFIXES)
             if pickles:
-                raise CheckpointError(f"{self.directory} holds only pickled weights ({', '.join(pickles)}): they "
-                                      "are refused because unpickling can execute arbitrary code; convert them to "
-                                      "safetensors (e.g. save_pretrained(..., safe_serialization=True))")
+                raise CheckpointError(
+                    f"{self.directory} holds only pickled weights ({', '.join(pickles)}): they "
+                    "are refused because unpickling can execute arbitrary code; convert them to "
+                    "safetensors (e.g. save_pretrained(..., safe_serialization=True))"
+                )
             raise CheckpointError(f"{self.directory} has no {SINGLE} and no {INDEX}")
 
     def _open_index(self, index_path: Path) -> None:
@@ -159,8 +161,11 @@ def write_checkpoint(
 def _check_tensors(tensors: dict[str, np.ndarray], expected: dict[str, ParamEntry]) -> None:
     problems = [f"missing tensor {n!r}" for n in expected if n not in tensors]
     problems += [f"unexpected tensor {n!r}" for n in tensors if n not in expected]
-    problems += [f"tensor {n!r} has shape {list(a.shape)}, the spec says {list(expected[n].shape)}"
-                 for n, a in tensors.items() if n in expected and tuple(a.shape) != expected[n].shape]
+    problems += [
+        f"tensor {n!r} has shape {list(a.shape)}, the spec says {list(expected[n].shape)}"
+        for n, a in tensors.items()
+        if n in expected and tuple(a.shape) != expected[n].shape
+    ]
     if problems:
         raise CheckpointError("cannot write checkpoint:\n  " + "\n  ".join(problems))
 

@@ -54,8 +54,16 @@ class ModelSpec:
     qk_norm: bool  # Qwen3: per-head RMSNorm on q and k before RoPE
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"config key {name!r} must be a positive integer, got {value!r}")
@@ -103,16 +111,20 @@ class ModelSpec:
         """Map a Hugging Face config dict onto the spec, refusing what the spec cannot represent."""
         model_type = _require(config, "model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(f"config key 'model_type' = {model_type!r} is not supported "
-                              f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+            raise ConfigError(
+                f"config key 'model_type' = {model_type!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
         _reject_unsupported(config, model_type)
         hidden = _require(config, "hidden_size")
         heads = _require(config, "num_attention_heads")
         head_dim = config.get("head_dim")
         if head_dim is None:
             if not isinstance(hidden, int) or not isinstance(heads, int) or heads < 1 or hidden % heads:
-                raise ConfigError(f"no 'head_dim' in config and hidden_size={hidden!r} is not divisible by "
-                                  f"num_attention_heads={heads!r}")
+                raise ConfigError(
+                    f"no 'head_dim' in config and hidden_size={hidden!r} is not divisible by "
+                    f"num_attention_heads={heads!r}"
+                )
             head_dim = hidden // heads
         kv_heads = config.get("num_key_value_heads")
         if kv_heads is None:
@@ -147,8 +159,12 @@ class ModelSpec:
         rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
         if self.rope_scaling is not None:
             rope.update({k: v for k, v in asdict(self.rope_scaling).items() if v is not None})
-        arch = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
-                "mistral": "MistralForCausalLM"}[self.model_type]
+        arch = {
+            "qwen3": "Qwen3ForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "llama": "LlamaForCausalLM",
+            "mistral": "MistralForCausalLM",
+        }[self.model_type]
         config: dict[str, Any] = {
             "architectures": [arch],
             "model_type": self.model_type,
@@ -189,8 +205,10 @@ def _reject_unsupported(config: dict[str, Any], model_type: str) -> None:
     if config.get("use_sliding_window"):
         raise ConfigError("config key 'use_sliding_window' = true: sliding-window attention is not supported")
     if model_type == "mistral" and config.get("sliding_window") is not None:
-        raise ConfigError(f"config key 'sliding_window' = {config['sliding_window']!r}: sliding-window "
-                          "attention is not supported (set it to null for full attention)")
+        raise ConfigError(
+            f"config key 'sliding_window' = {config['sliding_window']!r}: sliding-window "
+            "attention is not supported (set it to null for full attention)"
+        )
     layer_types = config.get("layer_types")
     if layer_types is not None:
         other = sorted({t for t in layer_types if t != "full_attention"})
@@ -204,8 +222,10 @@ def _reject_unsupported(config: dict[str, Any], model_type: str) -> None:
     if norm is not None and "rms" not in str(norm).lower():
         raise ConfigError(f"config key 'norm_type' = {norm!r} is not supported (RMSNorm only)")
     if "layer_norm_eps" in config and "rms_norm_eps" not in config:
-        raise ConfigError(f"config key 'layer_norm_eps' = {config['layer_norm_eps']!r}: LayerNorm models "
-                          "are not supported (RMSNorm only)")
+        raise ConfigError(
+            f"config key 'layer_norm_eps' = {config['layer_norm_eps']!r}: LayerNorm models "
+            "are not supported (RMSNorm only)"
+        )
     partial = config.get("partial_rotary_factor", 1.0)
     if partial != 1.0:
         raise ConfigError(f"config key 'partial_rotary_factor' = {partial!r} is not supported (full rotary only)")
@@ -230,23 +250,34 @@ def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
         return float(theta), None
     factor = params.get("factor")
     if not isinstance(factor, (int, float)) or factor <= 0:
-        raise ConfigError(f"config key '{source}.factor' must be a positive number for rope_type "
-                          f"{rope_type!r}, got {factor!r}")
+        raise ConfigError(
+            f"config key '{source}.factor' must be a positive number for rope_type {rope_type!r}, got {factor!r}"
+        )
     if rope_type == "linear":
         return float(theta), RopeScaling("linear", float(factor))
     if rope_type == "llama3":
-        missing = [k for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-                   if params.get(k) is None]
+        missing = [
+            k
+            for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            if params.get(k) is None
+        ]
         if missing:
             raise ConfigError(f"config key {source!r} with rope_type 'llama3' lacks {missing}")
         if params["high_freq_factor"] <= params["low_freq_factor"]:
-            raise ConfigError(f"config key '{source}.high_freq_factor' = {params['high_freq_factor']!r} must "
-                              f"exceed low_freq_factor = {params['low_freq_factor']!r}")
-        return float(theta), RopeScaling("llama3", float(factor), float(params["low_freq_factor"]),
-                                         float(params["high_freq_factor"]),
-                                         int(params["original_max_position_embeddings"]))
-    raise ConfigError(f"config key '{source}.rope_type' = {rope_type!r} is not supported "
-                      "(supported: default, linear, llama3)")
+            raise ConfigError(
+                f"config key '{source}.high_freq_factor' = {params['high_freq_factor']!r} must "
+                f"exceed low_freq_factor = {params['low_freq_factor']!r}"
+            )
+        return float(theta), RopeScaling(
+            "llama3",
+            float(factor),
+            float(params["low_freq_factor"]),
+            float(params["high_freq_factor"]),
+            int(params["original_max_position_embeddings"]),
+        )
+    raise ConfigError(
+        f"config key '{source}.rope_type' = {rope_type!r} is not supported (supported: default, linear, llama3)"
+    )
 
 
 def rope_inv_freq(spec: ModelSpec) -> np.ndarray:

@@ -23,9 +23,21 @@ from spec.params import BIAS, EMBEDDING, NORM, param_table
 DEFAULT_VERSION = 1  # bump when the default's spec or weights change: the cache key includes it
 
 DEFAULT_SPEC = ModelSpec(
-    model_type="qwen3", vocab_size=263, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-    rope_scaling=None, max_position_embeddings=512, tie_word_embeddings=True, attention_bias=False, qk_norm=True,
+    model_type="qwen3",
+    vocab_size=263,
+    hidden_size=64,
+    intermediate_size=176,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000.0,
+    rope_scaling=None,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    attention_bias=False,
+    qk_norm=True,
 )
 EOS_ID = 256  # <|endoftext|> in the default tokenizer: byte ids 0..255, then the specials
 _SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -56,23 +68,47 @@ def byte_tokenizer_json() -> dict:
     """A byte-level BPE tokenizer (no merges: one token per byte) in the `tokenizers` JSON format."""
     from_byte = _bytes_to_unicode()
     vocab = {from_byte[b]: b for b in range(256)}
-    added = [{"id": 256 + k, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for k, s in enumerate(_SPECIALS)]
+    added = [
+        {
+            "id": 256 + k,
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for k, s in enumerate(_SPECIALS)
+    ]
     return {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": []},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [],
+        },
     }
 
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map, which ByteLevel pre-tokenization uses."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     mapping, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -97,8 +133,12 @@ def default_checkpoint(cache_dir: str | Path | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{target.name}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    write_checkpoint(tmp, DEFAULT_SPEC, random_weights(DEFAULT_SPEC, seed=0),
-                     extra_config={"eos_token_id": EOS_ID, "bos_token_id": None})
+    write_checkpoint(
+        tmp,
+        DEFAULT_SPEC,
+        random_weights(DEFAULT_SPEC, seed=0),
+        extra_config={"eos_token_id": EOS_ID, "bos_token_id": None},
+    )
     (tmp / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json(), ensure_ascii=False))
     (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_ID}) + "\n")
     try:

@@ -24,12 +24,16 @@ def check_token_ids(ids: np.ndarray, spec: ModelSpec, *, past_length: int = 0, n
     if batch == 0 or seq == 0:
         raise InputError(f"{name} is empty (shape {list(ids.shape)}): need at least one token per sequence")
     if past_length + seq > spec.max_position_embeddings:
-        raise InputError(f"{name} reaches position {past_length + seq} (seq_len {seq}"
-                         + (f" after {past_length} cached" if past_length else "")
-                         + f") but the model supports max_position_embeddings={spec.max_position_embeddings}")
+        raise InputError(
+            f"{name} reaches position {past_length + seq} (seq_len {seq}"
+            + (f" after {past_length} cached" if past_length else "")
+            + f") but the model supports max_position_embeddings={spec.max_position_embeddings}"
+        )
     bad = (ids < 0) | (ids >= spec.vocab_size)
     if bad.any():
         row, col = (int(i) for i in np.argwhere(bad)[0])
-        raise InputError(f"{name}[{row}, {col}] = {int(ids[row, col])} is outside the vocabulary [0, "
-                         f"{spec.vocab_size}) ({int(bad.sum())} bad id(s) in all)")
+        raise InputError(
+            f"{name}[{row}, {col}] = {int(ids[row, col])} is outside the vocabulary [0, "
+            f"{spec.vocab_size}) ({int(bad.sum())} bad id(s) in all)"
+        )
     return ids

@@ -50,10 +50,14 @@ def param_table(spec: ModelSpec) -> list[ParamEntry]:
         rows.append(ParamEntry(f"{p}.self_attn.o_proj.weight", (h, q_out), f"{p}.self_attn.o_proj", "weight", LINEAR))
         if spec.qk_norm:
             for norm in ("q_norm", "k_norm"):
-                rows.append(ParamEntry(f"{p}.self_attn.{norm}.weight", (spec.head_dim,), f"{p}.self_attn.{norm}",
-                                       "weight", NORM))
-        rows.append(ParamEntry(f"{p}.post_attention_layernorm.weight", (h,), f"{p}.post_attention_layernorm",
-                               "weight", NORM))
+                rows.append(
+                    ParamEntry(
+                        f"{p}.self_attn.{norm}.weight", (spec.head_dim,), f"{p}.self_attn.{norm}", "weight", NORM
+                    )
+                )
+        rows.append(
+            ParamEntry(f"{p}.post_attention_layernorm.weight", (h,), f"{p}.post_attention_layernorm", "weight", NORM)
+        )
         # Gate first, then up: the runtime split takes the first half as the gate.
         rows.append(ParamEntry(f"{p}.mlp.gate_proj.weight", (i, h), f"{p}.mlp.gate_up_proj", "weight", LINEAR, 0, 2))
         rows.append(ParamEntry(f"{p}.mlp.up_proj.weight", (i, h), f"{p}.mlp.gate_up_proj", "weight", LINEAR, 1, 2))

@@ -27,12 +27,15 @@ class Progress:
         if self.enabled and (now - self._last > 0.25 or self.done >= self.total):
             self._last = now
             pct = 100.0 * self.done / self.total if self.total else 100.0
-            sys.stderr.write(f"\r{self.desc}: {pct:5.1f}% ({self._fmt(self.done)} / {self._fmt(self.total)}) "
-                             f"{now - self._start:.1f}s")
+            sys.stderr.write(
+                f"\r{self.desc}: {pct:5.1f}% ({self._fmt(self.done)} / {self._fmt(self.total)}) "
+                f"{now - self._start:.1f}s"
+            )
             sys.stderr.flush()
 
     def close(self) -> None:
         if self.enabled:
-            sys.stderr.write(f"\r{self.desc}: done ({self._fmt(self.done)}) in "
-                             f"{time.perf_counter() - self._start:.1f}s\n")
+            sys.stderr.write(
+                f"\r{self.desc}: done ({self._fmt(self.done)}) in {time.perf_counter() - self._start:.1f}s\n"
+            )
             sys.stderr.flush()

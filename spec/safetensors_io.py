@@ -42,8 +42,9 @@ class SafetensorsFile:
                     raise CheckpointError(f"{self.path}: truncated ({size} bytes; not even a header length)")
                 (n,) = struct.unpack("<Q", head)
                 if n > _MAX_HEADER or 8 + n > size:
-                    raise CheckpointError(f"{self.path}: corrupt or truncated header (declares {n} header bytes, "
-                                          f"file has {size})")
+                    raise CheckpointError(
+                        f"{self.path}: corrupt or truncated header (declares {n} header bytes, file has {size})"
+                    )
                 header = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise CheckpointError(f"{self.path}: corrupt header, not valid JSON ({err})") from err
@@ -68,11 +69,15 @@ class SafetensorsFile:
         dtype = _DTYPES[code]
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if not (0 <= start <= end) or end - start != expected:
-            raise CheckpointError(f"{self.path}: tensor {name!r} of shape {list(shape)} {code} declares "
-                                  f"{end - start} bytes, needs {expected} (corrupt header)")
+            raise CheckpointError(
+                f"{self.path}: tensor {name!r} of shape {list(shape)} {code} declares "
+                f"{end - start} bytes, needs {expected} (corrupt header)"
+            )
         if end > data_size:
-            raise CheckpointError(f"{self.path}: truncated: tensor {name!r} ends at byte {end} of the data "
-                                  f"section, which holds only {data_size} bytes")
+            raise CheckpointError(
+                f"{self.path}: truncated: tensor {name!r} ends at byte {end} of the data "
+                f"section, which holds only {data_size} bytes"
+            )
         return dtype, shape, start, end
 
     def keys(self) -> list[str]:
@@ -111,10 +116,14 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], metadata
     for name, array in tensors.items():
         array = np.ascontiguousarray(array)
         if array.dtype not in _CODES:
-            raise CheckpointError(f"cannot write tensor {name!r}: dtype {array.dtype} (only float32, bfloat16, "
-                                  "float16)")
-        header[name] = {"dtype": _CODES[array.dtype], "shape": list(array.shape),
-                        "data_offsets": [offset, offset + array.nbytes]}
+            raise CheckpointError(
+                f"cannot write tensor {name!r}: dtype {array.dtype} (only float32, bfloat16, float16)"
+            )
+        header[name] = {
+            "dtype": _CODES[array.dtype],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
         offset += array.nbytes
         arrays.append(array)
     blob = json.dumps(header, separators=(",", ":")).encode()

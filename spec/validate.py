@@ -24,8 +24,9 @@ def validate_checkpoint(checkpoint: Checkpoint, spec: ModelSpec) -> None:
     problems: list[str] = []
     embed = "model.embed_tokens.weight"
     if embed in present and checkpoint.shape(embed)[0] != spec.vocab_size:
-        problems.append(f"embedding {embed!r} has {checkpoint.shape(embed)[0]} rows but vocab_size is "
-                        f"{spec.vocab_size}")
+        problems.append(
+            f"embedding {embed!r} has {checkpoint.shape(embed)[0]} rows but vocab_size is {spec.vocab_size}"
+        )
     for name, entry in table.items():
         if name not in present:
             problems.append(f"missing tensor {name!r} (shape {list(entry.shape)})")
@@ -39,8 +40,10 @@ def validate_checkpoint(checkpoint: Checkpoint, spec: ModelSpec) -> None:
         elif not name.endswith(_IGNORED_SUFFIXES):
             problems.append(f"unexpected tensor {name!r} (shape {list(checkpoint.shape(name))})")
     if problems:
-        raise CheckpointError(f"checkpoint {checkpoint.directory} does not match its config "
-                              f"({spec.model_type}, {spec.num_hidden_layers} layers):\n  " + "\n  ".join(problems))
+        raise CheckpointError(
+            f"checkpoint {checkpoint.directory} does not match its config "
+            f"({spec.model_type}, {spec.num_hidden_layers} layers):\n  " + "\n  ".join(problems)
+        )
 
 
 def _check_tied_head(checkpoint: Checkpoint) -> list[str]:
@@ -48,9 +51,13 @@ def _check_tied_head(checkpoint: Checkpoint) -> list[str]:
     if embed not in checkpoint:
         return []  # already reported as missing
     if checkpoint.shape(head) != checkpoint.shape(embed):
-        return [f"tied checkpoint stores {head!r} of shape {list(checkpoint.shape(head))} != embedding "
-                f"{list(checkpoint.shape(embed))}: the checkpoint is not really tied"]
+        return [
+            f"tied checkpoint stores {head!r} of shape {list(checkpoint.shape(head))} != embedding "
+            f"{list(checkpoint.shape(embed))}: the checkpoint is not really tied"
+        ]
     if not np.array_equal(checkpoint.get(head), checkpoint.get(embed)):
-        return [f"tie_word_embeddings is true but {head!r} differs from {embed!r}: the checkpoint is not really "
-                "tied (set tie_word_embeddings to false to load a separate head)"]
+        return [
+            f"tie_word_embeddings is true but {head!r} differs from {embed!r}: the checkpoint is not really "
+            "tied (set tie_word_embeddings to false to load a separate head)"
+        ]
     return []

@@ -42,7 +42,11 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int, *, kernels: str = "reference"):
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            spec.num_attention_heads,
+            spec.num_key_value_heads,
+            spec.head_dim,
+        )
         self.groups = spec.num_kv_groups
         self.scale = spec.head_dim**-0.5
         h, q_out, kv_out = spec.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim

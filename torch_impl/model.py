@@ -121,6 +121,8 @@ class CausalLM(nn.Module):
             return torch.ones(batch, length, dtype=torch.bool, device=device)
         mask = torch.as_tensor(attention_mask, device=device)
         if tuple(mask.shape) != (batch, length):
-            raise InputError(f"attention_mask has shape {list(mask.shape)}, expected [{batch}, {length}] "
-                             "(batch, cached + new tokens)")
+            raise InputError(
+                f"attention_mask has shape {list(mask.shape)}, expected [{batch}, {length}] "
+                "(batch, cached + new tokens)"
+            )
         return mask.bool()

@@ -1,0 +1,35 @@
+"""jax_impl specifics: a tied model has no head parameter, one jit entry point, dtype on load."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import jax_impl
+import spec
+
+
+def test_tied_model_has_no_head_parameter(default_dir):
+    model = jax_impl.from_pretrained(default_dir)
+    assert model.lm_head is None
+    params = nnx.state(model, nnx.Param)
+    paths = [".".join(str(p) for p in path) for path, _ in nnx.to_flat_state(params)]
+    assert not any(p.startswith("lm_head") for p in paths)
+    assert sum(v.size for v in jax.tree_util.tree_leaves(params)) == spec.parameter_count(model.spec)
+
+
+def test_forward_compiles_once_per_shape(default_dir):
+    model = jax_impl.from_pretrained(default_dir)
+    jax_impl.forward.clear_cache()
+    model([[1, 2, 3]])
+    model([[4, 5, 6]])
+    assert jax_impl.forward._cache_size() == 1
+    model([[4, 5, 6, 7]])
+    assert jax_impl.forward._cache_size() == 2
+
+
+def test_load_in_bfloat16(default_dir):
+    model = jax_impl.from_pretrained(default_dir, dtype="bfloat16")
+    assert model([[1, 2, 3]]).dtype == jnp.bfloat16
+    assert model.model.layers[0].mlp.gate_up_proj.kernel[...].shape == (64, 352)  # Flax [in, out]

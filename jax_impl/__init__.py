@@ -3,7 +3,9 @@
 Twin of `torch_impl` (same file, class and attribute names). Imports JAX and never torch.
 """
 
+from jax_impl.generate import generate
+from jax_impl.kv_cache import KVCache
 from jax_impl.loader import DTYPES, from_pretrained
 from jax_impl.model import CausalLM, Model, forward
 
-__all__ = ["DTYPES", "CausalLM", "Model", "forward", "from_pretrained"]
+__all__ = ["DTYPES", "CausalLM", "KVCache", "Model", "generate", "forward", "from_pretrained"]

@@ -16,6 +16,7 @@ from flax import nnx
 
 from jax_impl.model import CausalLM
 from spec import Checkpoint, ModelSpec, runtime_params
+from spec.generation import eos_token_ids
 from spec.params import LINEAR
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -37,4 +38,5 @@ def from_pretrained(
         if value.shape != param.shape:
             raise AssertionError(f"{module}.{role}: packed shape {list(value.shape)} != {list(param.shape)}")
         param.set_value(value)  # replaces the abstract ShapeDtypeStruct with the loaded array
+    model.eos_token_ids = eos_token_ids(path)
     return model

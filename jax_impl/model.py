@@ -77,6 +77,7 @@ class CausalLM(nnx.Module):
     def __init__(self, spec: ModelSpec, *, dtype: jnp.dtype = jnp.float32, kernels: str = "reference", rngs: nnx.Rngs):
         self.spec = spec
         self.kernels = resolve_kernels(kernels, on_gpu=jax.default_backend() == "gpu")
+        self.eos_token_ids: tuple[int, ...] = ()  # set by the loader from the checkpoint
         self.model = Model(spec, dtype=dtype, kernels=self.kernels, rngs=rngs)
         if spec.tie_word_embeddings:
             self.lm_head = None  # tied: logits come from model.embed_tokens.attend, the one table

@@ -20,7 +20,7 @@ from spec.checkpoint import write_checkpoint
 from spec.config import ModelSpec
 from spec.params import BIAS, EMBEDDING, NORM, param_table
 
-DEFAULT_VERSION = 1  # bump when the default's spec or weights change: the cache key includes it
+DEFAULT_VERSION = 2  # bump when the default's spec or weights change: the cache key includes it
 
 DEFAULT_SPEC = ModelSpec(
     model_type="qwen3",
@@ -46,7 +46,8 @@ _SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 def random_weights(spec: ModelSpec, seed: int = 0, dtype: np.dtype | type = np.float32) -> dict[str, np.ndarray]:
     """Deterministic weights at a scale that keeps activations O(1), so component errors are visible.
 
-    Linear weights ~ N(0, 1/fan_in); embeddings ~ N(0, 1); norm weights ~ 1 + N(0, 0.1) (not all ones,
+    Linear weights ~ N(0, 1/fan_in); embeddings ~ N(0, 0.1^2) (small beside the layer outputs, so a
+    tied model does not just echo its input token); norm weights ~ 1 + N(0, 0.1) (not all ones,
     so that a norm whose weight is ignored is caught); biases ~ N(0, 0.1).
     """
     rng = np.random.default_rng(seed)
@@ -57,7 +58,7 @@ def random_weights(spec: ModelSpec, seed: int = 0, dtype: np.dtype | type = np.f
         elif entry.kind == BIAS:
             array = 0.1 * rng.standard_normal(entry.shape)
         elif entry.kind == EMBEDDING:
-            array = rng.standard_normal(entry.shape)
+            array = 0.1 * rng.standard_normal(entry.shape)
         else:
             array = rng.standard_normal(entry.shape) / np.sqrt(entry.shape[1])
         tensors[entry.name] = array.astype(dtype)

@@ -3,7 +3,9 @@
 Twin of `jax_impl` (same file, class and attribute names). Imports torch and never JAX.
 """
 
+from torch_impl.generate import generate
+from torch_impl.kv_cache import KVCache
 from torch_impl.loader import DTYPES, from_pretrained
 from torch_impl.model import CausalLM, Model
 
-__all__ = ["DTYPES", "CausalLM", "Model", "from_pretrained"]
+__all__ = ["DTYPES", "CausalLM", "KVCache", "Model", "generate", "from_pretrained"]

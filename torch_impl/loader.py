@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from spec import Checkpoint, ModelSpec, runtime_params
+from spec.generation import eos_token_ids
 from torch_impl.model import CausalLM
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,5 +53,6 @@ def from_pretrained(
             param.copy_(tensor)
         # Buffers are derived from the spec, not the checkpoint; to_empty left them uninitialized.
         model.model.rotary_emb.inv_freq = torch.from_numpy(spec.inv_freq()).to(device)
+    model.eos_token_ids = eos_token_ids(path)
     model.tie_weights()  # to_empty allocated the head separately; point it back at the embedding
     return model.eval().requires_grad_(False)

@@ -78,6 +78,7 @@ class CausalLM(nn.Module):
         self.kernels = resolve_kernels(kernels, on_gpu=torch.cuda.is_available())
         self.model = Model(spec, kernels=self.kernels)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.eos_token_ids: tuple[int, ...] = ()  # set by the loader from the checkpoint
         self.tie_weights()
 
     def tie_weights(self) -> None:

@@ -1,0 +1,130 @@
+"""Autoregressive generation with a KV cache: prefill, then one token per step; greedy or sampled.
+
+Mirrors torch_impl/generate.py. Two jit-compiled functions with static shapes: `prefill` (the prompt,
+left-padded when rows differ in length, fills the cache and yields the first token) and `decode_step`
+(one token per row in, the next token out). The cache buffer is donated, so XLA updates it in place; the
+decode step compiles once per request shape, not once per step. Rows that reached an EOS id keep
+emitting it until every row is done or `max_new_tokens` is reached.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_impl.kv_cache import KVCache
+from jax_impl.model import CausalLM, causal_mask, default_positions
+from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
+
+
+def sample(logits: jax.Array, params: SamplingParams, key: jax.Array) -> jax.Array:
+    """logits [B, V] float32 -> token ids [B]: argmax, or temperature / top-k / top-p sampling."""
+    if params.greedy:
+        return jnp.argmax(logits, axis=-1)  # ties go to the lowest id
+    logits = logits / params.temperature
+    if params.top_k is not None:
+        kth = jax.lax.top_k(logits, min(params.top_k, logits.shape[-1]))[0][:, -1:]  # [B, 1]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if params.top_p is not None:
+        order = jnp.argsort(-logits, axis=-1)  # [B, V], descending
+        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        drop = jnp.cumsum(probs, axis=-1) - probs > params.top_p  # keep the smallest prefix reaching top_p
+        rows = jnp.arange(logits.shape[0])[:, None]
+        logits = logits.at[rows, order].set(jnp.where(drop, -jnp.inf, sorted_logits))
+    return jax.random.categorical(key, logits, axis=-1)
+
+
+def _next(logits, params, key, finished, eos):
+    token = sample(logits, params, key)
+    if eos.shape[0]:
+        token = jnp.where(finished, eos[0], token)
+        finished = finished | jnp.isin(token, eos)
+    return token, finished
+
+
+@partial(jax.jit, static_argnames=("graphdef", "params"), donate_argnames=("cache",))
+def prefill(graphdef, state, cache: KVCache, ids, key_valid, key, eos, *, params: SamplingParams):
+    """Prompt ids [B, T] -> (first token [B], its logits [B, V] f32, cache, finished [B])."""
+    model: CausalLM = nnx.merge(graphdef, state)
+    t = ids.shape[1]
+    logits, cache = model.logits(ids, default_positions(key_valid, 0, t), causal_mask(key_valid, 0, t), cache, True)
+    logits = logits[:, -1].astype(jnp.float32)  # [B, V]
+    token, finished = _next(logits, params, key, jnp.zeros(ids.shape[0], bool), eos)
+    return token, logits, cache.advance(t), finished
+
+
+@partial(jax.jit, static_argnames=("graphdef", "params"), donate_argnames=("cache",))
+def decode_step(graphdef, state, cache: KVCache, token, key_valid, finished, key, eos, *, params: SamplingParams):
+    """One token per row [B] in -> (next token [B], its logits [B, V] f32, cache, key_valid, finished)."""
+    model: CausalLM = nnx.merge(graphdef, state)
+    key_valid = key_valid.at[:, cache.length].set(True)  # [B, S_max]: this step's slot is a real token
+    positions = default_positions(key_valid, cache.length, 1)  # [B, 1]
+    mask = causal_mask(key_valid, cache.length, 1)  # [B, 1, S_max]
+    logits, cache = model.logits(token[:, None], positions, mask, cache, True)
+    logits = logits[:, -1].astype(jnp.float32)
+    token, finished = _next(logits, params, key, finished, eos)
+    return token, logits, cache.advance(1), key_valid, finished
+
+
+def generate(
+    model: CausalLM,
+    input_ids: np.ndarray | jax.Array | Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    attention_mask: np.ndarray | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    eos_token_ids: Sequence[int] | None = None,
+    stream: Callable[[int, np.ndarray], None] | None = None,
+    return_logits: bool = False,
+) -> Generation:
+    """Generate up to `max_new_tokens` per row. `eos_token_ids` None = the checkpoint's; () = never stop.
+
+    `stream(step, tokens[B])` is called as each token is produced.
+    """
+    params = SamplingParams(temperature, top_k, top_p, seed)
+    if isinstance(input_ids, jax.Array):
+        input_ids = np.asarray(input_ids)
+    prompts = prepare_prompts(input_ids, model.spec, max_new_tokens, attention_mask)
+    eos = jnp.asarray(model.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids), jnp.int32)
+    batch, prompt_len = prompts.ids.shape
+    dtype = model.model.embed_tokens.weight[...].dtype
+    cache = KVCache.create(model.spec, batch, prompt_len + max_new_tokens, dtype)
+    key_valid = np.zeros((batch, prompt_len + max_new_tokens), bool)  # [B, S_max]
+    key_valid[:, :prompt_len] = prompts.mask.astype(bool)
+    keys = jax.random.split(jax.random.key(params.seed), max_new_tokens)
+    graphdef, state = nnx.split(model)
+    steps, logits_seen = [], []
+
+    start = time.perf_counter()
+    token, logits, cache, finished = prefill(
+        graphdef, state, cache, jnp.asarray(prompts.ids, jnp.int32), jnp.asarray(key_valid), keys[0], eos,
+        params=params,
+    )
+    key_valid = jnp.asarray(key_valid)
+    token.block_until_ready()
+    prefill_done = time.perf_counter()
+    for step in range(max_new_tokens):
+        steps.append(np.asarray(token))
+        if return_logits:
+            logits_seen.append(np.asarray(logits))
+        if stream is not None:
+            stream(step, steps[-1])
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            break
+        token, logits, cache, key_valid, finished = decode_step(
+            graphdef, state, cache, token, key_valid, finished, keys[step + 1], eos, params=params
+        )
+    end = time.perf_counter()
+    eos_ids = tuple(int(e) for e in np.asarray(eos))
+    return Generation(collect_tokens(steps, eos_ids), prefill_done - start, end - prefill_done,
+                      logits_seen if return_logits else None)

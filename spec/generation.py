@@ -1,0 +1,131 @@
+"""Framework-neutral parts of generation: request validation, ragged prompts, EOS ids from a checkpoint.
+
+Both backends' `generate` start here, so a bad request gets the same error from either, and batching
+prompts of different lengths (left padding plus an attention mask) is done once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from spec.config import ModelSpec
+from spec.errors import InputError
+from spec.inputs import check_token_ids
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k / top_p None mean off. `seed` fixes the random stream."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0):
+            raise InputError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise InputError(f"top_k must be a positive integer or None, got {self.top_k!r}")
+        if self.top_p is not None and not (0 < self.top_p <= 1):
+            raise InputError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """A batch of prompts, left-padded: ids [B, T] and mask [B, T] (1 = real token), `lengths` per row."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    lengths: tuple[int, ...]
+
+
+def prepare_prompts(
+    input_ids: np.ndarray | Sequence[Sequence[int]],
+    spec: ModelSpec,
+    max_new_tokens: int,
+    attention_mask: np.ndarray | None = None,
+    pad_id: int = 0,
+) -> Prompts:
+    """Validate a generation request; ragged lists of ids are left-padded with `pad_id` (masked out)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(r, (list, tuple)) for r in input_ids):
+        if attention_mask is not None:
+            raise InputError("attention_mask goes with a padded [B, T] array, not with ragged lists of ids")
+        lengths = [len(r) for r in input_ids]
+        if min(lengths) == 0:
+            raise InputError(f"prompt {lengths.index(0)} is empty: need at least one token per prompt")
+        width = max(lengths)
+        ids = np.full((len(input_ids), width), pad_id, np.int64)
+        mask = np.zeros((len(input_ids), width), np.int64)
+        for row, prompt in enumerate(input_ids):
+            ids[row, width - len(prompt) :] = prompt
+            mask[row, width - len(prompt) :] = 1
+    else:
+        ids = np.asarray(input_ids)
+        mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask)
+    ids = check_token_ids(ids, spec)
+    if mask.shape != ids.shape:
+        raise InputError(f"attention_mask has shape {list(mask.shape)}, expected {list(ids.shape)}")
+    lengths = tuple(int(n) for n in mask.sum(-1))
+    if min(lengths) == 0:
+        raise InputError(f"prompt {lengths.index(0)} is empty (its attention_mask is all zeros)")
+    total = ids.shape[1] + max_new_tokens
+    if total > spec.max_position_embeddings:
+        raise InputError(
+            f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} exceeds the model's "
+            f"max_position_embeddings={spec.max_position_embeddings}"
+        )
+    return Prompts(ids, mask.astype(np.int64), lengths)
+
+
+def eos_token_ids(directory: str | Path) -> tuple[int, ...]:
+    """EOS ids from generation_config.json, else config.json (an int or a list); () when neither says."""
+    for name in ("generation_config.json", "config.json"):
+        path = Path(directory) / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            if value is not None:
+                return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+    return ()
+
+
+@dataclass
+class Generation:
+    """What `generate` returns: new tokens per row (EOS included, nothing after it) and timings.
+
+    `logits` (with return_logits=True) holds, per step, the float32 [B, V] logits each token was drawn from.
+    """
+
+    tokens: list[list[int]]
+    prefill_seconds: float
+    decode_seconds: float
+    logits: list[np.ndarray] | None = None
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        steps = max(len(t) for t in self.tokens) - 1  # the first token comes out of the prefill
+        return steps * len(self.tokens) / self.decode_seconds if steps > 0 and self.decode_seconds > 0 else 0.0
+
+
+def collect_tokens(steps: list[np.ndarray], eos: Sequence[int]) -> list[list[int]]:
+    """[B] arrays per step -> per-row token lists, each cut after its first EOS."""
+    table = np.stack(steps, axis=1) if steps else np.zeros((0, 0), np.int64)  # [B, steps]
+    rows = []
+    for row in table.tolist():
+        for i, tok in enumerate(row):
+            if tok in eos:
+                row = row[: i + 1]
+                break
+        rows.append(row)
+    return rows

@@ -10,7 +10,7 @@ import pytest
 
 from spec import DEFAULT_SPEC, Checkpoint, CheckpointError, ModelSpec, random_weights, runtime_params, write_checkpoint
 from spec.default import default_checkpoint
-from spec.params import parameter_count, param_table
+from spec.params import param_table, parameter_count
 
 SPEC = DEFAULT_SPEC
 

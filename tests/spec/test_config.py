@@ -9,9 +9,21 @@ import pytest
 
 from spec import ConfigError, ModelSpec
 
-BASE = dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-            num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1_000_000,
-            max_position_embeddings=40960, tie_word_embeddings=True, hidden_act="silu")
+BASE = dict(
+    model_type="qwen3",
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    rope_theta=1_000_000,
+    max_position_embeddings=40960,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+)
 
 
 def make(**overrides):
@@ -41,8 +53,13 @@ def test_kv_heads_default_to_heads():
 
 
 def test_old_and_new_rope_forms_agree():
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     old = make(model_type="llama", rope_theta=500000.0, rope_scaling=scaling)
     new = make(model_type="llama", rope_theta=..., rope_parameters={"rope_theta": 500000.0, **scaling})
     assert old == new
@@ -56,13 +73,26 @@ def test_inv_freq_matches_transformers_llama3():
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
-    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=32,
-                                      rope_parameters={"rope_theta": 500000.0, **scaling})
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    config = transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=4, head_dim=32, rope_parameters={"rope_theta": 500000.0, **scaling}
+    )
     hf_inv, _ = ROPE_INIT_FUNCTIONS["llama3"](config, torch.device("cpu"))
-    spec = make(model_type="llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
-                rope_theta=..., rope_parameters={"rope_theta": 500000.0, **scaling})
+    spec = make(
+        model_type="llama",
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        rope_theta=...,
+        rope_parameters={"rope_theta": 500000.0, **scaling},
+    )
     np.testing.assert_allclose(spec.inv_freq(), hf_inv.numpy(), rtol=1e-6)
     assert not np.allclose(spec.inv_freq(), make(head_dim=32).inv_freq())  # the scaling did something
 

@@ -24,13 +24,20 @@ if TYPE_CHECKING:
 
 class DecoderLayer(nnx.Module):
     def __init__(
-        self, spec: ModelSpec, layer_idx: int, *, dtype: jnp.dtype, kernels: str = "reference", rngs: nnx.Rngs
+        self,
+        spec: ModelSpec,
+        layer_idx: int,
+        *,
+        dtype: jnp.dtype,
+        kernels: str = "reference",
+        shards: int = 1,
+        rngs: nnx.Rngs,
     ):
         self.layer_idx = layer_idx
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
         self.self_attn = Attention(spec, layer_idx, dtype=dtype, kernels=kernels, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
-        self.mlp = MLP(spec, layer_idx, dtype=dtype, kernels=kernels, rngs=rngs)
+        self.mlp = MLP(spec, layer_idx, dtype=dtype, kernels=kernels, shards=shards, rngs=rngs)
 
     def __call__(
         self,

@@ -11,14 +11,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_impl.vocab_parallel import vocab_parallel_take
+
 HIGHEST = jax.lax.Precision.HIGHEST  # full fp32 matmuls on GPU too: parity is the point
 
 
 class Embedding(nnx.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(self, vocab_size: int, hidden_size: int, *, dtype: jnp.dtype, shards: int = 1, rngs: nnx.Rngs):
+        self.shards = shards  # > 1: rows split over the mesh's "model" axis (vocabulary-parallel)
         self.weight = nnx.Param(jax.random.normal(rngs.params(), (vocab_size, hidden_size), dtype))  # [V, H]
 
     def __call__(self, input_ids: jax.Array) -> jax.Array:
+        if self.shards > 1:
+            return vocab_parallel_take(self.weight[...], input_ids)  # each device gathers its own rows
         return jnp.take(self.weight[...], input_ids, axis=0)  # [B, T] -> [B, T, H]
 
     def attend(self, x: jax.Array) -> jax.Array:

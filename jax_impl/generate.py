@@ -9,17 +9,19 @@ emitting it until every row is done or `max_new_tokens` is reached.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from jax_impl.kv_cache import KVCache
 from jax_impl.model import CausalLM, causal_mask, default_positions
+from jax_impl.vocab_parallel import vocab_parallel_argmax
 from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
 
 
@@ -41,27 +43,28 @@ def sample(logits: jax.Array, params: SamplingParams, key: jax.Array) -> jax.Arr
     return jax.random.categorical(key, logits, axis=-1)
 
 
-def _next(logits, params, key, finished, eos):
-    token = sample(logits, params, key)
+def _next(logits, params, key, finished, eos, shards):
+    if params.greedy and shards > 1:  # vocabulary-sharded logits: reduce [B] values and ids, never gather [B, V]
+        token = vocab_parallel_argmax(logits)
+    else:
+        token = sample(logits, params, key)
     if eos.shape[0]:
         token = jnp.where(finished, eos[0], token)
         finished = finished | jnp.isin(token, eos)
     return token, finished
 
 
-@partial(jax.jit, static_argnames=("graphdef", "params"), donate_argnames=("cache",))
-def prefill(graphdef, state, cache: KVCache, ids, key_valid, key, eos, *, params: SamplingParams):
+def _prefill(graphdef, params: SamplingParams, state, cache: KVCache, ids, key_valid, key, eos):
     """Prompt ids [B, T] -> (first token [B], its logits [B, V] f32, cache, finished [B])."""
     model: CausalLM = nnx.merge(graphdef, state)
     t = ids.shape[1]
     logits, cache = model.logits(ids, default_positions(key_valid, 0, t), causal_mask(key_valid, 0, t), cache, True)
     logits = logits[:, -1].astype(jnp.float32)  # [B, V]
-    token, finished = _next(logits, params, key, jnp.zeros(ids.shape[0], bool), eos)
+    token, finished = _next(logits, params, key, jnp.zeros(ids.shape[0], bool), eos, model.shards)
     return token, logits, cache.advance(t), finished
 
 
-@partial(jax.jit, static_argnames=("graphdef", "params"), donate_argnames=("cache",))
-def decode_step(graphdef, state, cache: KVCache, token, key_valid, finished, key, eos, *, params: SamplingParams):
+def _decode_step(graphdef, params: SamplingParams, state, cache: KVCache, token, key_valid, finished, key, eos):
     """One token per row [B] in -> (next token [B], its logits [B, V] f32, cache, key_valid, finished)."""
     model: CausalLM = nnx.merge(graphdef, state)
     key_valid = key_valid.at[:, cache.length].set(True)  # [B, S_max]: this step's slot is a real token
@@ -69,8 +72,15 @@ def decode_step(graphdef, state, cache: KVCache, token, key_valid, finished, key
     mask = causal_mask(key_valid, cache.length, 1)  # [B, 1, S_max]
     logits, cache = model.logits(token[:, None], positions, mask, cache, True)
     logits = logits[:, -1].astype(jnp.float32)
-    token, finished = _next(logits, params, key, finished, eos)
+    token, finished = _next(logits, params, key, finished, eos, model.shards)
     return token, logits, cache.advance(1), key_valid, finished
+
+
+# graphdef and params are static (hashable); the cache is donated so XLA writes it in place. Positional only:
+# jit takes explicit in_shardings (the sharded variants in sharding.py) only for positional arguments.
+JIT_OPTIONS = dict(static_argnums=(0, 1), donate_argnums=(3,))
+prefill = jax.jit(_prefill, **JIT_OPTIONS)
+decode_step = jax.jit(_decode_step, **JIT_OPTIONS)
 
 
 def generate(
@@ -86,10 +96,12 @@ def generate(
     eos_token_ids: Sequence[int] | None = None,
     stream: Callable[[int, np.ndarray], None] | None = None,
     return_logits: bool = False,
+    mesh: Mesh | None = None,
 ) -> Generation:
     """Generate up to `max_new_tokens` per row. `eos_token_ids` None = the checkpoint's; () = never stop.
 
-    `stream(step, tokens[B])` is called as each token is produced.
+    `stream(step, tokens[B])` is called as each token is produced. With the `mesh` a sharded model was
+    loaded on, the steps run with explicit shardings and greedy decoding never gathers the vocabulary.
     """
     params = SamplingParams(temperature, top_k, top_p, seed)
     if isinstance(input_ids, jax.Array):
@@ -104,27 +116,30 @@ def generate(
     keys = jax.random.split(jax.random.key(params.seed), max_new_tokens)
     graphdef, state = nnx.split(model)
     steps, logits_seen = [], []
+    prefill_fn, decode_fn = prefill, decode_step
+    if mesh is not None:
+        from jax_impl import sharding
 
-    start = time.perf_counter()
-    token, logits, cache, finished = prefill(
-        graphdef, state, cache, jnp.asarray(prompts.ids, jnp.int32), jnp.asarray(key_valid), keys[0], eos,
-        params=params,
-    )
-    key_valid = jnp.asarray(key_valid)
-    token.block_until_ready()
-    prefill_done = time.perf_counter()
-    for step in range(max_new_tokens):
-        steps.append(np.asarray(token))
-        if return_logits:
-            logits_seen.append(np.asarray(logits))
-        if stream is not None:
-            stream(step, steps[-1])
-        if step == max_new_tokens - 1 or bool(finished.all()):
-            break
-        token, logits, cache, key_valid, finished = decode_step(
-            graphdef, state, cache, token, key_valid, finished, keys[step + 1], eos, params=params
-        )
-    end = time.perf_counter()
+        prefill_fn, decode_fn, cache = sharding.sharded_steps(mesh, state, cache)
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        start = time.perf_counter()
+        token, logits, cache, finished = prefill_fn(
+            graphdef, params, state, cache, prompts.ids.astype(np.int32), key_valid, keys[0], eos
+        )  # host arrays: jit places them (under a mesh, by its in_shardings)
+        token.block_until_ready()
+        prefill_done = time.perf_counter()
+        for step in range(max_new_tokens):
+            steps.append(np.asarray(token))
+            if return_logits:  # the explicit request for whole logits: gathered to the host here
+                logits_seen.append(np.asarray(logits)[:, : model.spec.vocab_size])
+            if stream is not None:
+                stream(step, steps[-1])
+            if step == max_new_tokens - 1 or bool(finished.all()):
+                break
+            token, logits, cache, key_valid, finished = decode_fn(
+                graphdef, params, state, cache, token, key_valid, finished, keys[step + 1], eos
+            )
+        end = time.perf_counter()
     eos_ids = tuple(int(e) for e in np.asarray(eos))
-    return Generation(collect_tokens(steps, eos_ids), prefill_done - start, end - prefill_done,
-                      logits_seen if return_logits else None)
+    logits_seen = logits_seen if return_logits else None
+    return Generation(collect_tokens(steps, eos_ids), prefill_done - start, end - prefill_done, logits_seen)

@@ -12,8 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
+from jax_impl import sharding
 from jax_impl.model import CausalLM
 from spec import Checkpoint, ModelSpec, runtime_params
 from spec.generation import eos_token_ids
@@ -24,17 +27,34 @@ _FLAX_ATTR = {("linear", "weight"): "kernel", ("bias", "bias"): "bias"}  # norm/
 
 
 def from_pretrained(
-    path: str | Path, dtype: jnp.dtype | str = jnp.float32, *, kernels: str = "reference", progress: bool = False
+    path: str | Path,
+    dtype: jnp.dtype | str = jnp.float32,
+    *,
+    kernels: str = "reference",
+    progress: bool = False,
+    mesh: Mesh | None = None,
 ) -> CausalLM:
-    """Build the model for the checkpoint directory `path` and load its weights (`progress` on stderr)."""
+    """Build the model for the checkpoint directory `path` and load its weights (`progress` on stderr).
+
+    With a `mesh` (jax_impl/sharding.py) every parameter is placed shard by shard over its "model" axis.
+    """
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     spec = ModelSpec.from_pretrained(path)
     checkpoint = Checkpoint(path)
-    model = nnx.eval_shape(lambda: CausalLM(spec, dtype=dtype, kernels=kernels, rngs=nnx.Rngs(0)))
+    tp = 1 if mesh is None else mesh.shape[sharding.MODEL]
+    sharding.check_tp(spec, tp)
+    model = nnx.eval_shape(lambda: CausalLM(spec, dtype=dtype, kernels=kernels, shards=tp, rngs=nnx.Rngs(0)))
     modules = {".".join(str(p) for p in path): m for path, m in nnx.iter_modules(model)}
     for module, role, kind, array in runtime_params(checkpoint, spec, progress=progress):
         param = getattr(modules[module], _FLAX_ATTR.get((kind, role), role))
-        value = jnp.asarray(array.T if kind == LINEAR else array, dtype=dtype)  # [out, in] -> Flax [in, out]
+        if mesh is not None:
+            array = sharding.shard_layout(spec, module, array, tp)
+        array = array.T if kind == LINEAR else array  # [out, in] -> Flax [in, out]
+        if mesh is None:
+            value = jnp.asarray(array, dtype=dtype)
+        else:  # cast on the host, then each device receives only its slice
+            pspec = sharding.partition_spec(spec, module, role, kind, tp)
+            value = sharding.place(np.asarray(array, dtype=dtype), mesh, pspec)
         if value.shape != param.shape:
             raise AssertionError(f"{module}.{role}: packed shape {list(value.shape)} != {list(param.shape)}")
         param.set_value(value)  # replaces the abstract ShapeDtypeStruct with the loaded array

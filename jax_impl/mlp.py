@@ -18,9 +18,17 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 class MLP(nnx.Module):
     def __init__(
-        self, spec: ModelSpec, layer_idx: int, *, dtype: jnp.dtype, kernels: str = "reference", rngs: nnx.Rngs
+        self,
+        spec: ModelSpec,
+        layer_idx: int,
+        *,
+        dtype: jnp.dtype,
+        kernels: str = "reference",
+        shards: int = 1,
+        rngs: nnx.Rngs,
     ):
         self.layer_idx = layer_idx
+        self.shards = shards  # > 1: gate_up columns are grouped per shard as [gate_r | up_r] (sharding.py)
         kw = dict(use_bias=False, dtype=dtype, param_dtype=dtype, precision=HIGHEST, rngs=rngs)
         self.gate_up_proj = nnx.Linear(spec.hidden_size, 2 * spec.intermediate_size, **kw)
         self.act_fn = SiluAndMul(kernels=kernels)
@@ -28,7 +36,11 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array, trace: dict[str, jax.Array] | None = None) -> jax.Array:
         gate_up = self.gate_up_proj(x)  # [B, T, 2I]
-        act = self.act_fn(gate_up)  # [B, T, I]
+        if self.shards > 1:  # split gate from up inside each shard's block: no data crosses devices
+            b, t, _ = gate_up.shape
+            act = self.act_fn(gate_up.reshape(b, t, self.shards, -1)).reshape(b, t, -1)  # [B, T, s, 2I/s] -> [B, T, I]
+        else:
+            act = self.act_fn(gate_up)  # [B, T, I]
         if trace is not None:
             trace[f"layers.{self.layer_idx}.mlp.gate_up"] = gate_up
             trace[f"layers.{self.layer_idx}.mlp.act"] = act

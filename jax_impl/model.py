@@ -39,12 +39,23 @@ def default_positions(key_valid: jax.Array, q_start: jax.Array | int, q_len: int
     return jax.lax.dynamic_slice_in_dim(positions, q_start, q_len, axis=1)  # [B, T]
 
 
+def padded_vocab(spec: ModelSpec, shards: int) -> int:
+    """The vocabulary rounded up to a multiple of the tensor-parallel degree (padding rows are masked)."""
+    return -(-spec.vocab_size // shards) * shards
+
+
 class Model(nnx.Module):
-    def __init__(self, spec: ModelSpec, *, dtype: jnp.dtype, kernels: str = "reference", rngs: nnx.Rngs):
+    def __init__(
+        self, spec: ModelSpec, *, dtype: jnp.dtype, kernels: str = "reference", shards: int = 1, rngs: nnx.Rngs
+    ):
         self.spec = spec
-        self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype=dtype, rngs=rngs)
+        vocab = padded_vocab(spec, shards)
+        self.embed_tokens = Embedding(vocab, spec.hidden_size, dtype=dtype, shards=shards, rngs=rngs)
         self.layers = nnx.List(
-            [DecoderLayer(spec, i, dtype=dtype, kernels=kernels, rngs=rngs) for i in range(spec.num_hidden_layers)]
+            [
+                DecoderLayer(spec, i, dtype=dtype, kernels=kernels, shards=shards, rngs=rngs)
+                for i in range(spec.num_hidden_layers)
+            ]
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
         self.rotary_emb = RotaryEmbedding(spec)
@@ -74,17 +85,27 @@ class Model(nnx.Module):
 
 
 class CausalLM(nnx.Module):
-    def __init__(self, spec: ModelSpec, *, dtype: jnp.dtype = jnp.float32, kernels: str = "reference", rngs: nnx.Rngs):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        dtype: jnp.dtype = jnp.float32,
+        kernels: str = "reference",
+        shards: int = 1,
+        rngs: nnx.Rngs,
+    ):
+        """`shards` > 1 builds the tensor-parallel layout of jax_impl/sharding.py (padded vocabulary)."""
         self.spec = spec
+        self.shards = shards
         self.kernels = resolve_kernels(kernels, on_gpu=jax.default_backend() == "gpu")
         self.eos_token_ids: tuple[int, ...] = ()  # set by the loader from the checkpoint
-        self.model = Model(spec, dtype=dtype, kernels=self.kernels, rngs=rngs)
+        self.model = Model(spec, dtype=dtype, kernels=self.kernels, shards=shards, rngs=rngs)
         if spec.tie_word_embeddings:
             self.lm_head = None  # tied: logits come from model.embed_tokens.attend, the one table
         else:
             self.lm_head = nnx.Linear(
                 spec.hidden_size,
-                spec.vocab_size,
+                padded_vocab(spec, shards),
                 use_bias=False,
                 dtype=dtype,
                 param_dtype=dtype,
@@ -107,6 +128,8 @@ class CausalLM(nnx.Module):
             logits = self.model.embed_tokens.attend(hidden)  # x @ E^T
         else:
             logits = self.lm_head(hidden)
+        if logits.shape[-1] != self.spec.vocab_size:  # padding rows of a sharded vocabulary: never chosen
+            logits = jnp.where(jnp.arange(logits.shape[-1]) < self.spec.vocab_size, logits, -jnp.inf)
         if trace is not None:
             trace["logits"] = logits
         return logits, cache

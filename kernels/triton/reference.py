@@ -11,6 +11,7 @@ same bad input with the same message: switching `kernels=` never changes which c
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +51,7 @@ def check_add_rms_norm_args(
         )
     if weight.dtype != x.dtype:
         raise TypeError(f"{op}: weight has dtype {weight.dtype} but x has dtype {x.dtype}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0 and math.isfinite(eps)):
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"{op}: eps must be a finite Python float > 0, got {eps!r}")
 
 

@@ -1,0 +1,140 @@
+"""CPU prefill and decode throughput: torch_impl, jax_impl and transformers on one Qwen3-0.6B-shaped model.
+
+One run measures, on this machine and at batch 1 in float32:
+- prefill tokens/s for a 128-token prompt and decode tokens/s for 64 new tokens, per backend (medians);
+- the machine's read bandwidth (a large matrix-vector product) and matmul FLOP/s;
+- each backend's ratio to transformers, and decode's fraction of the weight-streaming limit
+  (read bandwidth / weight bytes per token: every weight is read once per decoded token).
+`--json PATH` writes the same figures. Timings are never asserted in tests: this script is where they live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import spec  # noqa: E402
+from benchmarks.qwen3_shape import qwen3_0_6b_checkpoint  # noqa: E402
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()  # warm-up: compilation, allocator, caches
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def read_bandwidth(repeats: int) -> float:
+    """Bytes/s of a 1 GiB float32 matrix-vector product (the access pattern of a decode step), best backend."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    rows, cols = 16384, 16384
+    a = torch.randn(rows, cols)
+    x = torch.randn(cols)
+    t_torch = median_time(lambda: torch.mv(a, x), repeats)
+    aj, xj = jnp.asarray(a.numpy()), jnp.asarray(x.numpy())
+    mv = jax.jit(lambda m, v: m @ v)
+    t_jax = median_time(lambda: mv(aj, xj).block_until_ready(), repeats)
+    nbytes = rows * cols * 4
+    print(f"  matvec read bandwidth: torch {nbytes / t_torch / 1e9:.1f} GB/s, jax {nbytes / t_jax / 1e9:.1f} GB/s")
+    return nbytes / min(t_torch, t_jax)
+
+
+def matmul_flops(repeats: int) -> float:
+    import torch
+
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / median_time(lambda: a @ b, repeats)
+
+
+def bench_backend(name: str, directory: Path, prompt: np.ndarray, new_tokens: int, repeats: int) -> dict:
+    if name == "transformers":
+        import torch
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        ids = torch.as_tensor(prompt)
+
+        def prefill():
+            with torch.inference_mode():
+                model(ids, use_cache=False, logits_to_keep=1)
+
+        def decode():
+            with torch.inference_mode():
+                model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                               pad_token_id=0)
+
+    else:
+        backend = __import__(name)
+        model = backend.from_pretrained(directory, "float32", progress=True)
+
+        def prefill():
+            backend.generate(model, prompt, 1, eos_token_ids=())
+
+        def decode():
+            return backend.generate(model, prompt, new_tokens, eos_token_ids=())
+
+    t_prefill = median_time(prefill, repeats)
+    t_total = median_time(decode, repeats)
+    # decode rate: the new_tokens - 1 steps after the prefill (which yields the first token)
+    decode_tok_s = (new_tokens - 1) / max(t_total - t_prefill, 1e-9)
+    result = {"prefill_tok_s": prompt.shape[1] / t_prefill, "decode_tok_s": decode_tok_s}
+    print(f"  {name:13s} prefill {result['prefill_tok_s']:8.1f} tok/s   decode {decode_tok_s:6.2f} tok/s")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+
+    directory = qwen3_0_6b_checkpoint("float32")
+    model_spec = spec.ModelSpec.from_pretrained(directory)
+    weight_bytes = spec.parameter_count(model_spec) * 4  # fp32; the tied table is read once, by the head
+    prompt = np.random.default_rng(0).integers(0, model_spec.vocab_size, (1, args.prompt_len))
+    print(f"Qwen3-0.6B-shaped, float32, batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+          f"median of {args.repeats}")
+    bandwidth = read_bandwidth(args.repeats)
+    flops = matmul_flops(args.repeats)
+    limit = bandwidth / weight_bytes
+    print(f"  read bandwidth {bandwidth / 1e9:.1f} GB/s, matmul {flops / 1e9:.0f} GFLOP/s, "
+          f"weights {weight_bytes / 1e9:.2f} GB/token -> decode limit {limit:.2f} tok/s")
+    results = {}
+    for name in ("transformers", "torch_impl", "jax_impl"):
+        results[name] = bench_backend(name, directory, prompt, args.new_tokens, args.repeats)
+    base = results["transformers"]
+    for name in ("torch_impl", "jax_impl"):
+        r = results[name]
+        r["prefill_ratio"] = r["prefill_tok_s"] / base["prefill_tok_s"]
+        r["decode_ratio"] = r["decode_tok_s"] / base["decode_tok_s"]
+        r["decode_fraction_of_limit"] = r["decode_tok_s"] / limit
+        print(f"  {name:13s} prefill x{r['prefill_ratio']:.2f}  decode x{r['decode_ratio']:.2f} of transformers, "
+              f"decode at {100 * r['decode_fraction_of_limit']:.0f}% of the weight-streaming limit")
+    results["transformers"]["decode_fraction_of_limit"] = base["decode_tok_s"] / limit
+    results["machine"] = {"read_bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": flops / 1e9,
+                          "weight_bytes_per_token": weight_bytes, "decode_limit_tok_s": limit}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

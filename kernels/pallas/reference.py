@@ -1,0 +1,88 @@
+"""Plain-JAX references for the fused ops, and the argument checks every implementation shares.
+
+The JAX twin of kernels/triton/reference.py: the same contract (DESIGN.md, "Numerics contract of
+add_rms_norm"), the same error messages. The Pallas kernels in this package are tested against these
+functions and jax_impl calls them on `kernels="reference"`. No pallas import here.
+
+All checks read only static shapes and dtypes, so they work on tracers inside jax.jit.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "add_rms_norm_reference",
+    "check_add_rms_norm_args",
+    "check_silu_and_mul_args",
+    "silu_and_mul_reference",
+]
+
+SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def _check_dtype(op: str, name: str, t: jax.Array) -> None:
+    if jnp.dtype(t.dtype) not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}; supported dtypes are {names}")
+
+
+def check_add_rms_norm_args(
+    x: jax.Array, residual: jax.Array | None, weight: jax.Array, eps: float, *, op: str = "add_rms_norm"
+) -> None:
+    """Raise a ValueError/TypeError naming the offending argument if the call breaks the contract."""
+    _check_dtype(op, "x", x)
+    if x.ndim < 1 or x.shape[-1] < 1:
+        raise ValueError(f"{op}: x must have shape [..., H] with H >= 1, got {tuple(x.shape)}")
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"{op}: residual has shape {tuple(residual.shape)} but x has shape {tuple(x.shape)}")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"{op}: residual has dtype {residual.dtype} but x has dtype {x.dtype}")
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(
+            f"{op}: weight has shape {tuple(weight.shape)}, expected ({x.shape[-1]},) to match the last dim of x"
+        )
+    if weight.dtype != x.dtype:
+        raise TypeError(f"{op}: weight has dtype {weight.dtype} but x has dtype {x.dtype}")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"{op}: eps must be a finite Python float > 0, got {eps!r}")
+
+
+def check_silu_and_mul_args(x: jax.Array, *, op: str = "silu_and_mul") -> None:
+    _check_dtype(op, "x", x)
+    if x.ndim < 1 or x.shape[-1] < 2 or x.shape[-1] % 2:
+        raise ValueError(f"{op}: x must have shape [..., 2*I] with an even last dim >= 2, got {tuple(x.shape)}")
+
+
+def add_rms_norm_reference(
+    x: jax.Array, residual: jax.Array | None, weight: jax.Array, eps: float
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """RMSNorm of `x` (or of `x + residual`), exactly as an unfused Hugging Face Qwen3 model computes it.
+
+    residual None: returns out = weight * to_dtype(fp32(x) * rsqrt(mean(fp32(x)^2) + eps)).
+    residual given: s = to_dtype(fp32(x) + fp32(residual)) is the new residual; returns (out of s, s).
+    The weight multiply happens in the activation dtype after the cast, like Qwen3RMSNorm.
+    """
+    check_add_rms_norm_args(x, residual, weight, eps, op="add_rms_norm_reference")
+    if residual is not None:
+        # Rounded to the activation dtype: that is the array an unfused model would store as x1/x2.
+        x = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+    xf = x.astype(jnp.float32)
+    variance = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)  # [..., 1]
+    out = weight * (xf * lax.rsqrt(variance + eps)).astype(x.dtype)
+    return out if residual is None else (out, x)
+
+
+def silu_and_mul_reference(x: jax.Array) -> jax.Array:
+    """SwiGLU's activation on a merged [..., 2I] input (gate first): to_dtype(silu(fp32 gate) * fp32 up)."""
+    check_silu_and_mul_args(x, op="silu_and_mul_reference")
+    gate, up = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # [..., I] each
+    # x / (1 + exp(-x)), the formula torch's silu uses (jax.nn.silu's x * sigmoid(x) rounds differently).
+    return (gate / (1.0 + jnp.exp(-gate)) * up).astype(x.dtype)

@@ -1,0 +1,188 @@
+"""Fused residual add + RMSNorm as a Triton kernel (PyTorch). Twin of kernels/pallas/add_rms_norm.py.
+
+Contract and numerics: kernels/triton/reference.py::add_rms_norm_reference (DESIGN.md, "Numerics contract
+of add_rms_norm"). Three layers, Liger-Kernel style:
+
+    _add_rms_norm_kernel   @triton.jit: one program normalizes BLOCK_ROWS whole rows held in registers
+    _block_config/_launch  block sizes (a pure function of the row width), checks, the launch
+    add_rms_norm           the public entry point; autograd-aware (backward = the reference's gradient)
+
+The residual is NOT updated in place: the new residual is a fresh tensor, like the reference and the
+functional JAX twin, so that a caller's `residual` still holds its old value after the call.
+Inputs may be row-strided views (read through their row stride, no copy); a non-unit stride along the last
+dim is copied with `.contiguous()` first. Outputs are always contiguous.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton import as_rows, check_launchable
+from kernels.triton.reference import add_rms_norm_reference, check_add_rms_norm_args
+
+__all__ = ["MAX_BLOCK_H", "add_rms_norm", "round_to_dtype"]
+
+# A whole row lives in one program's registers (the reduction needs all of it); past 64K elements that
+# spills badly, so wider rows are refused rather than run slowly. Real models stay far below (<= 16K).
+MAX_BLOCK_H = 65536
+# Rows narrower than this are packed several to a program so that small widths still fill the warps.
+_ELEMENTS_PER_PROGRAM = 4096
+_MAX_BLOCK_ROWS = 64
+
+
+@triton.jit
+def round_to_dtype(x, dtype: tl.constexpr):
+    """Cast fp32 `x` to `dtype` rounding to nearest-even, identically compiled and interpreted.
+
+    Triton's interpreter truncates fp32 -> bf16 (a GPU rounds to nearest-even), which would make CPU runs
+    disagree with torch by an ulp; rounding by hand on the bits costs a few integer ops in a
+    memory-bound kernel and is exactly what the GPU's cvt.rn.bf16.f32 does. Shared with silu_and_mul.py.
+    """
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + (0x7FFF + ((bits >> 16) & 1))  # round half to even on the 16 bits dropped
+        rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return tl.where(x == x, rounded, x.to(tl.bfloat16))  # NaN must stay NaN, not carry into the sign
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    new_residual_ptr,
+    n_rows,
+    n_cols,
+    x_row_stride,
+    residual_row_stride,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    col_ok = cols < n_cols
+    mask = (rows < n_rows)[:, None] & col_ok[None, :]  # [BLOCK_ROWS, BLOCK_H]
+    rows = rows.to(tl.int64)  # row * stride overflows int32 past 2**31 elements
+    out_offsets = rows[:, None] * n_cols + cols[None, :]  # outputs are contiguous [rows, H]
+
+    # Padding lanes load 0, so they add nothing to the sum of squares.
+    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + rows[:, None] * residual_row_stride + cols[None, :], mask=mask, other=0.0)
+        # Round the sum to the activation dtype *before* normalizing: the unfused model normalizes the
+        # stored (rounded) residual, and so must we to stay bit-compatible.
+        s = round_to_dtype(x + r.to(tl.float32), new_residual_ptr.dtype.element_ty)
+        tl.store(new_residual_ptr + out_offsets, s, mask=mask)
+        x = s.to(tl.float32)
+
+    variance = tl.sum(x * x, axis=1) / n_cols  # [BLOCK_ROWS], true width, not BLOCK_H
+    normed = round_to_dtype(x * tl.rsqrt(variance + eps)[:, None], out_ptr.dtype.element_ty)
+    w = tl.load(weight_ptr + cols, mask=col_ok, other=0.0)  # [BLOCK_H]
+    # bf16*bf16 (and fp16*fp16) is exact in fp32, so one cast afterwards rounds exactly like torch's
+    # `weight * normed` in the activation dtype.
+    out = normed.to(tl.float32) * w.to(tl.float32)[None, :]
+    tl.store(out_ptr + out_offsets, round_to_dtype(out, out_ptr.dtype.element_ty), mask=mask)
+
+
+def _block_config(n_cols: int) -> dict[str, int]:
+    """Block sizes for rows of width `n_cols`: BLOCK_H covers a whole row (tl.arange needs a power of two)."""
+    if n_cols < 1:
+        raise ValueError(f"add_rms_norm: row width must be >= 1, got {n_cols}")
+    block_h = triton.next_power_of_2(n_cols)
+    if block_h > MAX_BLOCK_H:
+        raise ValueError(
+            f"add_rms_norm: row width {n_cols} needs a block of {block_h} elements, above the {MAX_BLOCK_H} one "
+            "program can hold; use kernels='reference' for such widths"
+        )
+    block_rows = max(1, min(_MAX_BLOCK_ROWS, _ELEMENTS_PER_PROGRAM // block_h))
+    # About 16 fp32 elements per thread, up to 32 warps (1024 threads) for the widest rows.
+    num_warps = min(max(block_rows * block_h // 512, 1), 32)
+    return {"BLOCK_ROWS": block_rows, "BLOCK_H": block_h, "num_warps": num_warps}
+
+
+def _launch(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the kernel on checked arguments; returns (out, new_residual or None), both shaped like x."""
+    check_launchable("add_rms_norm", _add_rms_norm_kernel, x, residual, weight)
+    n_cols = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    new_residual = torch.empty_like(out) if residual is not None else None
+    if out.numel() == 0:
+        return out, new_residual
+    x_rows = as_rows(x)  # [rows, H]
+    residual_rows = as_rows(residual) if residual is not None else x_rows  # [rows, H]; unread without residual
+    n_rows = x_rows.shape[0]
+    cfg = _block_config(n_cols)
+    grid = (triton.cdiv(n_rows, cfg["BLOCK_ROWS"]),)
+    _add_rms_norm_kernel[grid](
+        x_rows,
+        residual_rows,
+        weight.contiguous(),
+        out,
+        new_residual if new_residual is not None else out,  # a placeholder pointer, never written
+        n_rows,
+        n_cols,
+        x_rows.stride(0),
+        residual_rows.stride(0),
+        float(eps),
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_ROWS=cfg["BLOCK_ROWS"],
+        BLOCK_H=cfg["BLOCK_H"],
+        num_warps=cfg["num_warps"],
+        enable_fp_fusion=False,  # no FMA contraction: every multiply and add rounds like the reference's ops
+    )
+    return out, new_residual
+
+
+class _AddRMSNormFunction(torch.autograd.Function):
+    """Forward: the fused kernel. Backward: the reference's own gradient, by recomputing the reference.
+
+    Recomputation costs one extra unfused forward in the backward pass but can never disagree with the
+    reference's gradient; the kernel exists for inference speed.
+    """
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):
+        out, new_residual = _launch(x, residual, weight, eps)
+        ctx.eps = eps
+        ctx.save_for_backward(x, residual, weight)
+        return out if new_residual is None else (out, new_residual)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        saved = ctx.saved_tensors  # (x, residual or None, weight)
+        wanted = [t is not None and need for t, need in zip(saved, ctx.needs_input_grad[:3], strict=True)]
+        with torch.enable_grad():
+            inputs = [
+                t.detach().requires_grad_(need) if t is not None else None
+                for t, need in zip(saved, wanted, strict=True)
+            ]
+            outputs = add_rms_norm_reference(inputs[0], inputs[1], inputs[2], ctx.eps)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            diff_inputs = [t for t, need in zip(inputs, wanted, strict=True) if need]
+            grads = iter(torch.autograd.grad(outputs, diff_inputs, grad_outputs, allow_unused=True))
+        return (*(next(grads) if need else None for need in wanted), None)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Fused `add_rms_norm_reference`: returns out, or (out, new_residual) when `residual` is given.
+
+    x: [..., H] float32/bfloat16/float16; residual: like x or None; weight: [H], x's dtype; eps > 0.
+    Differentiable: under autograd the backward is the reference's gradient (see _AddRMSNormFunction).
+    """
+    check_add_rms_norm_args(x, residual, weight, eps)
+    tensors = (x, residual, weight)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return _AddRMSNormFunction.apply(x, residual, weight, eps)
+    out, new_residual = _launch(x, residual, weight, eps)
+    return out if new_residual is None else (out, new_residual)

@@ -1,0 +1,103 @@
+"""Run in a subprocess with N simulated CPU devices (XLA_FLAGS must be set before jax is imported).
+
+Prints one JSON line of measurements that tests/jax_impl/test_sharding.py asserts on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+
+def all_gathers_with_dim(hlo: str, dim: int) -> list[str]:
+    """HLO all-gather instructions whose result shape has a dimension of size `dim`."""
+    found = []
+    for line in hlo.splitlines():
+        if "all-gather" in line and "=" in line:
+            shape = line.split("=", 1)[1].split("all-gather", 1)[0]
+            if dim in [int(n) for n in re.findall(r"\d+", shape.split("{")[0])]:
+                found.append(line.strip())
+    return found
+
+
+def main(directory: str, tp: int, dp: int) -> dict:
+    import jax
+    import numpy as np
+
+    import jax_impl
+    from jax_impl import sharding
+
+    ref = jax_impl.from_pretrained(directory)
+    spec = ref.spec
+    ids = np.random.default_rng(0).integers(0, spec.vocab_size, (2 * dp, 11))
+    full = np.asarray(ref(ids))
+    mesh = sharding.make_mesh(tp, dp)
+    model = jax_impl.from_pretrained(directory, mesh=mesh)
+    logits = sharding.sharded_logits(model, ids, mesh)
+    gathered = sharding.gather_logits(logits, spec)
+    table = model.model.embed_tokens.weight[...]
+    out = {
+        "rel_err": float(np.abs(gathered - full).max() / np.abs(full).max()),
+        "logits_spec": str(logits.sharding.spec),
+        "table_shard_rows": sorted({s.data.shape[0] for s in table.addressable_shards}),
+        "vocab_padded": int(table.shape[0]),
+        "tied_no_head": model.lm_head is None,
+    }
+    prompt = ids[:dp]
+    alone = jax_impl.generate(ref, prompt, 12, eos_token_ids=()).tokens
+    sharded = jax_impl.generate(model, prompt, 12, eos_token_ids=(), mesh=mesh).tokens
+    out["greedy_identical"] = alone == sharded
+    # The compiled greedy decode step: no all-gather may produce a full-vocabulary dimension.
+    from flax import nnx
+
+    from jax_impl.generate import SamplingParams
+    from jax_impl.kv_cache import KVCache
+
+    graphdef, state = nnx.split(model)
+    cache = KVCache.create(spec, dp, 16, table.dtype)
+    _, decode, cache = sharding.sharded_steps(mesh, state, cache)
+    with jax.set_mesh(mesh):
+        args = (
+            graphdef,
+            SamplingParams(),
+            state,
+            cache,
+            np.zeros(dp, np.int32),
+            np.ones((dp, 16), bool),
+            np.zeros(dp, bool),
+            jax.random.key(0),
+            np.zeros(0, np.int32),
+        )
+        hlo = decode.lower(*args).compile().as_text()
+    out["vocab_all_gathers"] = all_gathers_with_dim(hlo, int(table.shape[0])) + all_gathers_with_dim(
+        hlo, spec.vocab_size
+    )
+    out["has_all_reduce"] = "all-reduce" in hlo
+    return out
+
+
+def control(tp: int) -> dict:
+    """The detector's negative control: gathering vocabulary-sharded logits whole is seen as such."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from jax_impl import sharding
+
+    mesh = sharding.make_mesh(tp)
+    gather = jax.jit(
+        lambda logits: jnp.argmax(jax.lax.with_sharding_constraint(logits, NamedSharding(mesh, P())), -1),
+        in_shardings=NamedSharding(mesh, P(None, sharding.MODEL)),
+    )
+    hlo = gather.lower(np.zeros((1, 264), np.float32)).compile().as_text()
+    return {"control_gathers": all_gathers_with_dim(hlo, 264)}
+
+
+if __name__ == "__main__":
+    directory, devices, tp, dp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"  # before jax is imported
+    print(json.dumps({**main(directory, tp, dp), **control(tp)}))

@@ -1,8 +1,28 @@
-"""Shared fixtures: the built-in default checkpoint and transformers-written checkpoints, once a session."""
+"""Shared fixtures (the built-in default checkpoint, transformers-written checkpoints) and kernel mode.
+
+Without a GPU the fused Triton kernels run in interpret mode. Triton reads TRITON_INTERPRET when a kernel
+is decorated, i.e. when kernels.triton.add_rms_norm is first imported, so it is set here, before any test
+module imports it. setdefault: an explicit TRITON_INTERPRET=0/1 from the user wins. Pallas needs nothing:
+it decides per call from the input's device.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -17,11 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jax_impl.kv_cache import KVCache
 from jax_impl.model import CausalLM, causal_mask, default_positions
-from jax_impl.vocab_parallel import vocab_parallel_argmax
+from jax_impl.vocab_parallel import DATA, vocab_parallel_argmax
 from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
 
 
@@ -126,6 +127,9 @@ def generate(
         token, logits, cache, finished = prefill_fn(
             graphdef, params, state, cache, prompts.ids.astype(np.int32), key_valid, keys[0], eos
         )  # host arrays: jit places them (under a mesh, by its in_shardings)
+        # The same placement every decode step returns, so the step compiles exactly once.
+        rows = NamedSharding(mesh, P(DATA, None)) if mesh is not None else jax.devices()[0]
+        key_valid = jax.device_put(key_valid, rows)
         token.block_until_ready()
         prefill_done = time.perf_counter()
         for step in range(max_new_tokens):

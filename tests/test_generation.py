@@ -92,16 +92,24 @@ def test_bad_requests(backend_model, kwargs, needle):
 
 
 def test_jax_decode_step_compiles_once(default_dir):
-    import jax_impl
-    from jax_impl.generate import decode_step, prefill
+    """Counts XLA backend compilations (jax.monitoring): none after the first decode step, none on a repeat."""
+    import jax
 
+    import jax_impl
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, _seconds, **_kw: compiles.append(event) if event.endswith("backend_compile_duration") else None
+    )
     model = jax_impl.from_pretrained(default_dir)
-    decode_step.clear_cache()
-    prefill.clear_cache()
-    jax_impl.generate(model, [[1, 2, 3]], 12, eos_token_ids=())
-    assert decode_step._cache_size() == 1  # 11 decode steps, one compilation
-    jax_impl.generate(model, [[4, 5, 6]], 12, eos_token_ids=())  # same request shape: no new compilation
-    assert decode_step._cache_size() == 1 and prefill._cache_size() == 1
+    at_step = []
+    jax_impl.generate(model, [[1, 2, 3]], 12, eos_token_ids=(), stream=lambda step, _t: at_step.append(len(compiles)))
+    assert len(at_step) == 12
+    # stream(step) runs before decode step `step + 1` is launched: steps 2..11 must reuse step 1's program
+    assert at_step[-1] == at_step[2], f"compilations during decoding: {at_step}"
+    before = len(compiles)
+    jax_impl.generate(model, [[4, 5, 6]], 12, eos_token_ids=())  # same request shape
+    assert len(compiles) == before, "a repeated request shape must not compile again"
 
 
 def greedy_hf(directory, ids, n):

@@ -1,0 +1,238 @@
+"""Tensor parallelism (torch_impl/tensor_parallel.py, vocab_parallel.py, tp_launch.py) on 2 and 4 gloo processes.
+
+Spawning a process group costs seconds on a small CPU, so each degree spawns once and one worker runs
+every check on every rank (`_rank_checks`), returning plain data that the test asserts on. Two
+checkpoints: the built-in default (Qwen3, tied, 4 heads / 2 kv heads, V=263: padded at tp 2 and 4, kv
+heads split at tp 2 and replicated at tp 4) and an untied Qwen2 with q/k/v bias and a single kv head.
+Both have a vocabulary larger than every other dimension a greedy step touches, so "no process holds
+a full-vocabulary tensor" can be checked as "no tensor has a dimension >= V".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import spec
+import torch_impl
+from spec import ConfigError, InputError, ModelSpec
+from torch_impl.tensor_parallel import (
+    ShardLayout,
+    check_tp_degree,
+    from_pretrained_tp,
+    gather_logits,
+    generate_tp,
+    greedy_token,
+    shard_param,
+)
+from torch_impl.tp_launch import run_tp, tp_generate, tp_logits
+
+IDS = np.array([[0, 0, 0, 5, 17, 250, 3], [11, 262, 1, 2, 3, 4, 100]])  # row 0 left-padded by MASK
+MASK = np.array([[0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+PROMPTS = [[5, 17, 250, 3], [11, 262, 1, 2, 3, 4, 100], [42]]  # ragged: generate left-pads them
+NEW_TOKENS = 6
+SAMPLING = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 3}
+
+QWEN2_SPEC = ModelSpec(
+    model_type="qwen2",
+    vocab_size=301,  # odd: padded at every degree
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=1,  # replicated at every degree > 1
+    head_dim=8,
+    rms_norm_eps=1e-6,
+    rope_theta=10_000.0,
+    rope_scaling=None,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    attention_bias=True,
+    qk_norm=False,
+)
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory):
+    return spec.write_checkpoint(tmp_path_factory.mktemp("qwen2"), QWEN2_SPEC, spec.random_weights(QWEN2_SPEC, 1))
+
+
+class ShapeRecorder(TorchDispatchMode):
+    """Records the shape of every tensor that any aten op (factories and collectives included) takes or makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[str, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves((args, kwargs, out)):
+            if isinstance(leaf, torch.Tensor):
+                self.shapes.append((str(func), tuple(leaf.shape)))
+        return out
+
+    def at_least(self, size: int) -> list[tuple[str, tuple[int, ...]]]:
+        return sorted({(op, shape) for op, shape in self.shapes if any(d >= size for d in shape)})
+
+
+def _rank_checks(cases: list[tuple[str, bool]]) -> tuple[list[list[dict]], list[list[int]]]:
+    """On every rank, for each (checkpoint, also_bf16): facts and results; rank 0 returns [case][rank].
+
+    Also greedy_token on crafted shards of 4 ids per rank, one row each: every rank ties at its local
+    id 1 (global 1 must win); the max only on the last rank (at its local id 2); a tie between rank 0's
+    id 3 and the last rank's first id (3 must win).
+    """
+    rank, tp = dist.get_rank(), dist.get_world_size()
+    crafted = torch.zeros(3, 4)
+    crafted[0, 1] = 5.0
+    crafted[1, 2] = 7.0 if rank == tp - 1 else 1.0
+    crafted[2, 3 if rank == 0 else 0] = 2.0 if rank in (0, tp - 1) else 1.0
+    ties = greedy_token(crafted, 4 * rank).tolist()
+    results = []
+    for path, also_bf16 in cases:
+        model = from_pretrained_tp(path)
+        v, group, out = model.spec.vocab_size, model.group, {}
+        weights = list(model.parameters())  # de-duplicated: a tied head is not a second tensor
+        out["tied_is_embedding"] = model.lm_head.weight is model.model.embed_tokens.weight
+        out["n_vocab_tensors"] = sum(p.shape[0] == model.layout.vocab_shard for p in weights)
+        out["embed_shape"] = tuple(model.model.embed_tokens.weight.shape)
+        out["numel"] = sum(p.numel() for p in weights)
+        with torch.inference_mode():
+            local = model(IDS, attention_mask=MASK)
+            out["local_logits_shape"] = tuple(local.shape)
+            out["n_padding"] = local.shape[-1] - model.lm_head.real
+            out["padding_is_neg_inf"] = bool(torch.isneginf(local[..., model.lm_head.real :]).all())
+            out["logits"] = gather_logits(local, v, group).numpy()
+            with ShapeRecorder() as greedy:
+                out["tokens"] = generate_tp(model, PROMPTS, NEW_TOKENS, eos_token_ids=()).tokens
+            out["greedy_full_vocab"] = greedy.at_least(v)
+            out["greedy_ops"] = len(greedy.shapes)
+            with ShapeRecorder() as control:  # the detector must see the explicit gather
+                gather_logits(local[:, -1], v, group)
+            out["control_full_vocab"] = control.at_least(v)
+            sampled = generate_tp(model, PROMPTS, NEW_TOKENS, eos_token_ids=(), return_logits=True, **SAMPLING)
+            out["sampled"], out["sampled_logits"] = sampled.tokens, sampled.logits
+            for bad in (v, model.layout.padded_vocab - 1, -1):  # past V (some inside the padding), negative
+                try:
+                    model([[1, bad]])
+                    out.setdefault("bad_ids", []).append(None)
+                except InputError as err:
+                    out.setdefault("bad_ids", []).append(str(err))
+        if also_bf16:
+            model = from_pretrained_tp(path, "bfloat16")
+            with torch.inference_mode():
+                out["logits_bf16"] = gather_logits(model(IDS, attention_mask=MASK), v, group).float().numpy()
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, out)
+        results.append(gathered)
+    return results, ties
+
+
+def _reference(path) -> dict:
+    model = torch_impl.from_pretrained(path)
+    with torch.inference_mode():
+        logits = model(IDS, attention_mask=MASK).numpy()
+    sampled = torch_impl.generate(model, PROMPTS, NEW_TOKENS, eos_token_ids=(), return_logits=True, **SAMPLING)
+    return {
+        "logits": logits,
+        "tokens": torch_impl.generate(model, PROMPTS, NEW_TOKENS, eos_token_ids=()).tokens,
+        "sampled": sampled.tokens,
+        "sampled_logits": sampled.logits,
+        "numel": spec.parameter_count(model.spec),
+        "bf16": torch_impl.from_pretrained(path, "bfloat16")(IDS, attention_mask=MASK).float().detach().numpy(),
+    }
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| relative to max |b|."""
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sharded_matches_unsharded(tp, default_dir, qwen2_dir):
+    paths = [(str(default_dir), tp == 2), (str(qwen2_dir), False)]
+    results, ties = run_tp(_rank_checks, tp, paths)
+    assert ties == [1, 4 * (tp - 1) + 2, 3]
+    for (path, also_bf16), ranks in zip(paths, results, strict=True):
+        ref, s = _reference(path), ModelSpec.from_pretrained(path)
+        padded = -(-s.vocab_size // tp) * tp
+        assert padded != s.vocab_size  # both checkpoints exercise the vocabulary padding
+        assert sum(out["n_padding"] for out in ranks) == padded - s.vocab_size
+        assert all(out["padding_is_neg_inf"] for out in ranks)
+        for rank, out in enumerate(ranks):
+            where = f"{path} tp={tp} rank {rank}"
+            assert out["local_logits_shape"] == (*IDS.shape, padded // tp), where
+            assert out["embed_shape"] == (padded // tp, s.hidden_size), where
+            # Tied: one vocabulary tensor per shard, the head is the embedding; untied: embedding + head.
+            assert out["tied_is_embedding"] is s.tie_word_embeddings, where
+            assert out["n_vocab_tensors"] == (1 if s.tie_word_embeddings else 2), where
+            assert _rel(out["logits"], ref["logits"]) <= 1e-5, where
+            assert out["tokens"] == ref["tokens"], where
+            assert out["greedy_ops"] > 100 and out["greedy_full_vocab"] == [], where
+            assert out["control_full_vocab"], where  # the recorder does see a [B, V] tensor when one exists
+            assert out["sampled"] == ref["sampled"], where  # same seed, same gathered logits, same draws
+            for step, (got, want) in enumerate(zip(out["sampled_logits"], ref["sampled_logits"], strict=True)):
+                assert got.shape == want.shape and _rel(got, want) <= 1e-5, (where, step)
+            assert all(err and "outside the vocabulary" in err for err in out["bad_ids"]), (where, out["bad_ids"])
+            if also_bf16:  # partial sums reduced in fp32: as close as two bf16 runs get
+                assert _rel(out["logits_bf16"], ref["bf16"]) <= 3e-2, where
+        # Shards partition the model: only replicated tensors (norms, kv heads beyond n_kv) count twice.
+        assert sum(out["numel"] for out in ranks) >= ref["numel"]
+
+
+def test_bad_degree_names_what_does_not_divide(default_dir):
+    with pytest.raises(ConfigError) as err:
+        check_tp_degree(spec.DEFAULT_SPEC, 3)
+    message = str(err.value)
+    for part in ("degree 3", "num_attention_heads=4", "num_key_value_heads=2", "intermediate_size=176"):
+        assert part in message
+    with pytest.raises(ConfigError, match=r"does not divide num_attention_heads=4$"):
+        check_tp_degree(spec.DEFAULT_SPEC, 8)  # kv heads (2 | 8) and intermediate (8 | 176) do fit
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ConfigError, match="positive integer"):
+            check_tp_degree(spec.DEFAULT_SPEC, bad)
+    with pytest.raises(ConfigError, match="degree 3"):  # refused before any process is spawned
+        tp_logits(default_dir, IDS, 3)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_shards_reassemble_the_full_parameters(tp, qwen2_dir):
+    """Pure slicing, no processes: concatenating every rank's shard gives back each packed parameter."""
+    s = QWEN2_SPEC
+    layouts = [ShardLayout(s, tp, r) for r in range(tp)]
+    assert [list(lay.kv_heads) for lay in layouts] == [[r * s.num_key_value_heads // tp] for r in range(tp)]
+    for module, role, kind, array in spec.runtime_params(spec.Checkpoint(qwen2_dir), s):
+        shards = [shard_param(lay, module, role, kind, array) for lay in layouts]
+        name = module.rsplit(".", 1)[-1]
+        if kind == spec.params.NORM or name in ("k_proj", "v_proj"):  # replicated (a single kv head)
+            rebuilt = shards[0]
+        elif name in ("o_proj", "down_proj"):
+            rebuilt = np.concatenate(shards, axis=1)
+        elif name == "gate_up_proj":  # each shard is [gate_r; up_r]
+            half = s.intermediate_size // tp
+            rebuilt = np.concatenate([x[:half] for x in shards] + [x[half:] for x in shards])
+        else:
+            rebuilt = np.concatenate(shards)[: array.shape[0]]  # drops the vocabulary padding
+            assert not np.concatenate(shards)[array.shape[0] :].any()  # padding rows are zero
+        np.testing.assert_array_equal(rebuilt, array, err_msg=f"{module}.{role} at tp={tp}")
+
+
+def _raise_on_rank_one() -> None:
+    if dist.get_rank() == 1:
+        raise InputError("rank one refuses")
+    dist.barrier()  # rank 0 waits in a collective until spawn stops it
+
+
+def test_a_rank_error_reaches_the_caller_with_its_type():
+    with pytest.raises(InputError, match="rank one refuses"):
+        run_tp(_raise_on_rank_one, 2)
+
+
+def test_launcher_entry_points(default_dir):
+    """What a CLI calls: tp_generate returns rank 0's Generation, tokens as the unsharded model's."""
+    ref = torch_impl.generate(torch_impl.from_pretrained(default_dir), PROMPTS, 4, eos_token_ids=())
+    assert tp_generate(default_dir, PROMPTS, 4, 2, eos_token_ids=()).tokens == ref.tokens

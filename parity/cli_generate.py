@@ -114,10 +114,12 @@ def generate_with(backend: str, directory: Path, ids: np.ndarray, args: argparse
     if backend == "torch":
         import torch_impl
 
-        if args.tp > 1:
-            from torch_impl.tensor_parallel import generate_tp_cli
+        if args.tp > 1:  # ranks run in their own processes: tokens are printed once rank 0 returns them
+            from torch_impl.tp_launch import tp_generate
 
-            return generate_tp_cli(directory, ids, args.max_new_tokens, args.tp, args.dtype, stream=stream, **kwargs)
+            gen = tp_generate(directory, ids, args.max_new_tokens, args.tp, dtype=args.dtype, **kwargs)
+            sys.stdout.write(decode(gen.tokens[0]))
+            return gen
         model = torch_impl.from_pretrained(directory, args.dtype, kernels=args.kernels, progress=True)
         return torch_impl.generate(model, ids, args.max_new_tokens, stream=stream, **kwargs)
     import jax_impl

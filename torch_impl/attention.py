@@ -15,6 +15,7 @@ from torch import nn
 
 from spec import ModelSpec
 from torch_impl.layernorm import RMSNorm
+from torch_impl.linear import Linear
 from torch_impl.rotary_embedding import apply_rotary
 
 if TYPE_CHECKING:
@@ -50,10 +51,10 @@ class Attention(nn.Module):
         self.groups = spec.num_kv_groups
         self.scale = spec.head_dim**-0.5
         h, q_out, kv_out = spec.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(h, q_out, bias=spec.attention_bias)
-        self.k_proj = nn.Linear(h, kv_out, bias=spec.attention_bias)
-        self.v_proj = nn.Linear(h, kv_out, bias=spec.attention_bias)
-        self.o_proj = nn.Linear(q_out, h, bias=False)
+        self.q_proj = Linear(h, q_out, bias=spec.attention_bias)
+        self.k_proj = Linear(h, kv_out, bias=spec.attention_bias)
+        self.v_proj = Linear(h, kv_out, bias=spec.attention_bias)
+        self.o_proj = Linear(q_out, h, bias=False)
         if spec.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, kernels=kernels)
             self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, kernels=kernels)

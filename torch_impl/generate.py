@@ -87,5 +87,6 @@ def generate(
         logits = model(token[:, None], attention_mask=mask[:, : prompt_len + step + 1], cache=cache, last_only=True)
         logits = logits[:, -1].float()  # [B, V]
     end = time.perf_counter()
-    return Generation(collect_tokens(steps, eos), prefill_done - start, end - prefill_done,
-                      logits_seen if return_logits else None)
+    return Generation(
+        collect_tokens(steps, eos), prefill_done - start, end - prefill_done, logits_seen if return_logits else None
+    )

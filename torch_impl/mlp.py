@@ -11,15 +11,16 @@ from torch import nn
 
 from spec import ModelSpec
 from torch_impl.activation import SiluAndMul
+from torch_impl.linear import Linear
 
 
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, layer_idx: int, *, kernels: str = "reference"):
         super().__init__()
         self.layer_idx = layer_idx
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
+        self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
         self.act_fn = SiluAndMul(kernels=kernels)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+        self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, trace: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [B, T, 2I]

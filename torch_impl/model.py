@@ -19,6 +19,7 @@ from spec import InputError, ModelSpec, check_token_ids
 from torch_impl.decoder_layer import DecoderLayer
 from torch_impl.embedding import Embedding
 from torch_impl.layernorm import RMSNorm
+from torch_impl.linear import Linear
 from torch_impl.rotary_embedding import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class CausalLM(nn.Module):
         self.spec = spec
         self.kernels = resolve_kernels(kernels, on_gpu=torch.cuda.is_available())
         self.model = Model(spec, kernels=self.kernels)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.eos_token_ids: tuple[int, ...] = ()  # set by the loader from the checkpoint
         self.tie_weights()
 

@@ -1,0 +1,134 @@
+"""`decoder-parity check [CHECKPOINT_DIR]`: the parity check from the command line.
+
+Prints the component table and a one-line verdict naming the first divergence on stdout, loading progress
+and stage lines on stderr. Exit 0 when parity holds, 1 when it does not, 2 for bad input (parity/__main__.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kernels import KERNEL_CHOICES
+from parity.tolerances import TOLERANCES
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "check",
+        help="compare the torch and jax backends component by component",
+        description="Load one checkpoint into both backends, run the same ids, compare every traced component "
+        "(embedding, per-layer norms, q/k, attention, MLP, residual stream, final norm, logits) against the "
+        "dtype's tolerance table, and report the first component outside tolerance.",
+    )
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        metavar="CHECKPOINT_DIR",
+        help="Hugging Face-layout checkpoint directory (default: the built-in tiny Qwen3)",
+    )
+    p.add_argument("--dtype", choices=list(TOLERANCES), default="float32", help="activation dtype of both backends")
+    p.add_argument(
+        "--kernels",
+        choices=list(KERNEL_CHOICES),
+        default="reference",
+        help="reference ops, fused Triton/Pallas kernels (interpreted on CPU: slow), or auto",
+    )
+    p.add_argument(
+        "--reference",
+        choices=["hf"],
+        default=None,
+        help="also compare both backends with Hugging Face transformers on the components it exposes",
+    )
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--ids", metavar="IDS", help="token ids, e.g. '1,2,3' (rows separated by ';')")
+    source.add_argument("--prompt", metavar="TEXT", help="text, tokenized with the checkpoint's tokenizer.json")
+    p.add_argument("--seq-len", type=_positive_int, default=None, help="length of the random ids (default 16)")
+    p.add_argument("--batch", type=_positive_int, default=None, help="rows of random ids or prompt copies (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random ids (default 0)")
+    p.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the float32 runs that measure a bf16/fp16 run's own drift (faster)",
+    )
+    p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    p.add_argument("--plot", metavar="PATH", help="plot the residual stream's error per layer (png/svg/pdf)")
+    p.add_argument("--tolerances", action="store_true", help="print the tolerance table with its reasons and exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress or stage lines on stderr")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from parity.capture import prepare_kernels
+
+    if args.tolerances:
+        from parity.tolerances import describe
+
+        print(describe(TOLERANCES[args.dtype]))
+        return 0
+    for path in (args.json, args.plot):  # fail before a long run, not after it
+        _check_writable(path)
+    # Before anything imports triton: the Triton interpreter must be chosen before the kernels are decorated.
+    prepare_kernels(args.kernels)
+    from parity.api import check
+
+    def log(line: str) -> None:
+        if not args.quiet:
+            print(f"[decoder-parity] {line}", file=sys.stderr, flush=True)
+
+    report = check(
+        args.checkpoint,
+        dtype=args.dtype,
+        kernels=args.kernels,
+        reference=args.reference,
+        ids=args.ids,
+        prompt=args.prompt,
+        seq_len=args.seq_len,
+        batch=args.batch,
+        seed=args.seed,
+        baseline=not args.no_baseline,
+        progress=not args.quiet,
+        log=log,
+    )
+    print(report.format())
+    if args.json:
+        _write(lambda: report.save_json(args.json), args.json)
+        log(f"report written to {args.json}")
+    if args.plot:
+        from parity.plot import plot_report
+
+        plot_report(report, args.plot)
+        log(f"plot written to {args.plot}")
+    return 0 if report.passed else 1
+
+
+def _check_writable(path: str | None) -> None:
+    from spec import InputError
+
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise InputError(f"cannot write {path}: directory {parent} does not exist")
+    if Path(path).is_dir():
+        raise InputError(f"cannot write {path}: it is a directory")
+
+
+def _write(save, path: str) -> None:
+    from spec import InputError
+
+    try:
+        save()
+    except OSError as err:
+        raise InputError(f"cannot write {path}: {err}") from err

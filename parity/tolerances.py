@@ -1,0 +1,153 @@
+"""The tolerance tables: one per activation dtype, with the reason for every number beside it.
+
+A component passes when all of these hold (parity/compare.py):
+
+    max_rel  = max|a - b| / max|b|     <=  MAX_REL * g
+    cosine   = <a, b> / (|a| |b|)       >=  1 - (RMS_REL * g)^2 / 2
+    logits:  max KL(p_ref || p_test)    <=  (RMS_REL * g * rms(ref logits))^2 / 2
+    both arrays finite, same shape
+
+with g = sqrt(1 + layers before the component) (1 for embed and layer 0, sqrt(1 + i) for layer i,
+sqrt(1 + L) for final_norm and logits). u below is the dtype's unit roundoff (half an ulp at 1.0).
+
+Never loosen a number here to make a check pass: a failure is a finding. The figures quoted as "measured"
+come from the built-in default checkpoint (2 layers, hidden 64) and from a Qwen3-0.6B-shaped random
+checkpoint (28 layers, hidden 1024, intermediate 3072, vocab 151936, seq 128).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+GROWTH_REASON = (
+    "Rounding discrepancies between two correct implementations are independent from op to op, so they add "
+    "like a random walk as the residual stream carries them through the layers: every bound grows as "
+    "g = sqrt(1 + layers before the component). Measured (bf16, 28 layers): x2's max_rel is 1.2u, 2.6u, 4u, "
+    "6.2u after 0, 3, 9, 27 layers, i.e. ~1.2u * g; float32's grows from 6e-7 to 2e-6 over the same depth."
+)
+COSINE_REASON = (
+    "For an error e uncorrelated with b, 1 - cos = |e|^2 / (2 |b|^2) to second order, so a bound on the "
+    "rms-relative error |e| / |b| is a bound on 1 - cos. Cosine catches a small error spread over every "
+    "element (e.g. a wrong rounding everywhere) that max_rel, a worst-element metric, can hide."
+)
+KL_REASON = (
+    "For a small logit perturbation d, KL(p || q) = Var_p(d) / 2 to second order; a perturbation at the rms "
+    "tolerance has Var_p(d) ~ (RMS_REL * g * rms(logits))^2. The bound therefore scales with the logits: "
+    "bf16 logits of magnitude ~300 (random 1024-wide tied models) have an ulp of 2, and their softmax "
+    "legitimately moves by 0.08 nats (measured) between two correct implementations."
+)
+TOP1_REASON = (
+    "Reported, not a criterion: the top-1 token can only change where the reference's top-2 margin is below "
+    "2 * max|d|, which max_rel already bounds; near-ties flip legitimately in low precision."
+)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The limits one component is held to (already scaled by depth)."""
+
+    max_rel: float
+    min_cosine: float
+    rms_rel: float  # the rms-relative error the cosine bound corresponds to (KL derives from it too)
+
+    def kl_max(self, ref_rms: float) -> float:
+        return 0.5 * (self.rms_rel * ref_rms) ** 2
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    dtype: str
+    unit_roundoff: float
+    max_rel: float  # at g = 1
+    max_rel_reason: str
+    rms_rel: float  # at g = 1
+    rms_rel_reason: str
+
+    @staticmethod
+    def growth(layers_before: int) -> float:
+        return math.sqrt(1 + layers_before)
+
+    def bound(self, layers_before: int) -> Bound:
+        g = self.growth(layers_before)
+        rms = self.rms_rel * g
+        return Bound(max_rel=self.max_rel * g, min_cosine=1.0 - 0.5 * rms * rms, rms_rel=rms)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "growth": GROWTH_REASON, "cosine": COSINE_REASON, "kl": KL_REASON, "top1": TOP1_REASON}
+
+
+_U32, _U16, _UBF16 = 2.0**-24, 2.0**-11, 2.0**-8  # unit roundoff of float32, float16, bfloat16
+
+TOLERANCES: dict[str, Tolerance] = {
+    "float32": Tolerance(
+        dtype="float32",
+        unit_roundoff=_U32,
+        max_rel=1e-5,
+        max_rel_reason=(
+            "~170u. Both backends compute every op in float32 but sum dot products in different orders (BLAS vs "
+            "XLA), which moves a length-K dot product by ~sqrt(K)*u of its scale (K up to ~1e4 in real models: "
+            "~6e-6), plus ulp-level differences in exp, rsqrt, sin and cos. Measured: <= 6e-7 on the default "
+            "checkpoint, <= 3e-6 after 28 layers of width 1024, so 1e-5 leaves >= 3x headroom; the smallest bug "
+            "in the mutant suite moves its component by >= 2e-3, 200x above it."
+        ),
+        rms_rel=1e-5,
+        rms_rel_reason=(
+            "Same source and size as max_rel: reordered float32 sums spread over every element. Measured "
+            "rms-relative errors <= 10u * g (6e-7) on the default checkpoint; 1 - cos <= 5e-11 at g = 1."
+        ),
+    ),
+    "bfloat16": Tolerance(
+        dtype="bfloat16",
+        unit_roundoff=_UBF16,
+        max_rel=8 * _UBF16,
+        max_rel_reason=(
+            "8u = 3.1e-2 = 4 bf16 ulps at the component's largest element. Both backends accumulate in float32 and "
+            "round each op's output to bf16 once, but from float32 values that differ in their last bits (summation "
+            "order; XLA on CPU also skips some intermediate bf16 roundings, xla_allow_excess_precision), so an "
+            "element legitimately lands one ulp (up to 2u of its value) apart after any op, and those one-ulp "
+            "flips feed the next op. Measured: <= 2.4u * g on the default checkpoint, <= 2.2u * g over 28 "
+            "layers of width 1024 (128 tokens): >= 3x headroom."
+        ),
+        rms_rel=6 * _UBF16,
+        rms_rel_reason=(
+            "6u = 2.3e-2. The typical element differs less than the worst one: measured rms-relative errors "
+            "<= 2.1u * g on the default checkpoint and <= 1.7u * g over 28 layers (1 - cos <= 5e-4): >= 2.8x headroom."
+        ),
+    ),
+    "float16": Tolerance(
+        dtype="float16",
+        unit_roundoff=_U16,
+        max_rel=8 * _U16,
+        max_rel_reason=(
+            "8u = 3.9e-3, the bf16 rule with float16's unit roundoff: same float32 accumulation, same one-ulp "
+            "flips at each rounding point (measured <= 1.5u * g on the default checkpoint). Overflow past 65504 "
+            "is not a tolerance matter: any inf or NaN fails the component outright."
+        ),
+        rms_rel=6 * _U16,
+        rms_rel_reason="6u = 2.9e-3, the bf16 rule with float16's unit roundoff (measured <= 1.2u * g).",
+    ),
+}
+
+
+def tolerance_for(dtype: str) -> Tolerance:
+    """The table for an activation dtype name ("float32", "bfloat16", "float16")."""
+    from spec import InputError
+
+    if dtype not in TOLERANCES:
+        raise InputError(f"dtype {dtype!r} is not supported (choose one of {', '.join(TOLERANCES)})")
+    return TOLERANCES[dtype]
+
+
+def describe(tol: Tolerance) -> str:
+    """The table as text: each number with its reason (printed by `decoder-parity check --tolerances`)."""
+    lines = [
+        f"{tol.dtype} (unit roundoff u = {tol.unit_roundoff:.3g}):",
+        f"  max_rel <= {tol.max_rel:.3g} * g   {tol.max_rel_reason}",
+        f"  rms_rel <= {tol.rms_rel:.3g} * g   {tol.rms_rel_reason}",
+        f"  g = sqrt(1 + layers before)   {GROWTH_REASON}",
+        f"  cosine >= 1 - (rms_rel * g)^2 / 2   {COSINE_REASON}",
+        f"  logits KL <= (rms_rel * g * rms(ref logits))^2 / 2   {KL_REASON}",
+        f"  top-1   {TOP1_REASON}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,40 @@
+"""Fixtures of the parity tests: checkpoints every test may use, and the Triton interpreter on CPU.
+
+TRITON_INTERPRET must be set before kernels.triton.* is first imported (Triton reads it when a kernel is
+decorated); collection imports this file before any parity test module. setdefault: an explicit value wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def large_eps_dir(tmp_path_factory):
+    """The default spec with rms_norm_eps = 0.1: large enough that where eps goes changes the output visibly."""
+    import spec
+
+    model_spec = dataclasses.replace(spec.DEFAULT_SPEC, rms_norm_eps=0.1)
+    return spec.write_checkpoint(
+        tmp_path_factory.mktemp("large_eps"), model_spec, spec.random_weights(model_spec, seed=1)
+    )
+
+
+@pytest.fixture(scope="session")
+def checkpoints(default_dir, large_eps_dir):
+    return {"default": default_dir, "large_eps": large_eps_dir}

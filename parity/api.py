@@ -54,6 +54,7 @@ def check(
     baseline: bool | None = None,
     progress: bool = False,
     log: Callable[[str], None] | None = None,
+    tp: int = 1,
 ) -> Report:
     """Run torch and jax on the same weights and ids and compare them component by component.
 
@@ -62,7 +63,8 @@ def check(
     adds transformers as a third reference. ids / prompt / seq_len / batch / seed: the input (default:
     seeded random ids [1, 16]). baseline: also run each backend at float32 to measure the dtype's own drift
     (default: whenever dtype is not float32). progress: loading progress on stderr; log: a callable that
-    receives one line per stage. Raises spec.DecoderParityError for bad input; returns the Report.
+    receives one line per stage. tp > 1: also run both backends tensor-parallel on tp devices and compare
+    their logits with the unsharded runs and with each other. Raises spec.DecoderParityError for bad input.
     """
     directory = resolve_checkpoint(checkpoint)
     model_spec = ModelSpec.from_pretrained(directory)
@@ -86,6 +88,10 @@ def check(
             "--kernels fused needs triton for the torch kernels, which is not installed "
             "(pip install 'decoder-parity[triton]')"
         )
+    if tp > 1:
+        from jax_impl.sharding import check_tp
+
+        check_tp(model_spec, tp)
     prepare_kernels(kernels)
     baseline = (dtype != "float32") if baseline is None else (baseline and dtype != "float32")
     say = log or (lambda _line: None)
@@ -118,6 +124,17 @@ def check(
         for cap in (torch_run, jax_run):
             comparisons.append(compare(cap.trace, hf_trace, (cap.backend, "hf"), hf_components(num_layers)))
         del hf_trace
+    if tp > 1:
+        from parity.tensor_parallel import jax_tp_logits, torch_tp_logits
+
+        say(f"torch {dtype}: tensor-parallel over {tp} gloo processes")
+        sharded = {"torch": {"logits": torch_tp_logits(directory, token_ids, tp, dtype)}}
+        say(f"jax {dtype}: tensor-parallel over a {tp}-device mesh")
+        sharded["jax"] = {"logits": jax_tp_logits(directory, token_ids, tp, dtype)}
+        on = ["logits"]
+        comparisons.append(compare(sharded["torch"], sharded["jax"], (f"torch/tp{tp}", f"jax/tp{tp}"), on))
+        comparisons.append(compare(sharded["torch"], torch_run.trace, (f"torch/tp{tp}", "torch"), on))
+        comparisons.append(compare(sharded["jax"], jax_run.trace, (f"jax/tp{tp}", "jax"), on))
     resolved = {"torch": torch_run.kernels, "jax": jax_run.kernels}
     del torch_run
     if baseline:

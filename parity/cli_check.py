@@ -62,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip the float32 runs that measure a bf16/fp16 run's own drift (faster)",
     )
+    p.add_argument("--tp", type=_positive_int, default=1, help="also run both backends tensor-parallel on N devices")
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.add_argument("--plot", metavar="PATH", help="plot the residual stream's error per layer (png/svg/pdf)")
     p.add_argument("--tolerances", action="store_true", help="print the tolerance table with its reasons and exit")
@@ -81,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         _check_writable(path)
     # Before anything imports triton: the Triton interpreter must be chosen before the kernels are decorated.
     prepare_kernels(args.kernels)
+    from parity.tensor_parallel import prepare_devices
+
+    prepare_devices(args.tp)  # before jax is imported
     from parity.api import check
 
     def log(line: str) -> None:
@@ -100,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         baseline=not args.no_baseline,
         progress=not args.quiet,
         log=log,
+        tp=args.tp,
     )
     print(report.format())
     if args.json:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.inputs import parse_ids, tokenize
+from parity.tensor_parallel import prepare_devices
 from spec import InputError, ModelSpec, default_checkpoint
 
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     directory = args.checkpoint if args.checkpoint is not None else default_checkpoint()
     if not Path(directory).is_dir():
         raise InputError(f"checkpoint directory {directory} does not exist")
-    spec = ModelSpec.from_pretrained(directory)
+    ModelSpec.from_pretrained(directory)  # an unsupported config fails here, before anything loads
     if args.ids is not None:
         ids = parse_ids(args.ids)
     else:
@@ -69,10 +70,7 @@ def prepare_environment(args: argparse.Namespace) -> None:
     """Set what the frameworks read at import: interpret-mode Triton on CPU, simulated JAX devices."""
     if args.kernels == "fused" and not _cuda_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    if args.tp > 1 and "jax" not in sys.modules:
-        flags = os.environ.get("XLA_FLAGS", "")
-        if "xla_force_host_platform_device_count" not in flags:
-            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.tp}".strip()
+    prepare_devices(args.tp)
 
 
 def _cuda_available() -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,7 +63,33 @@ def matmul_flops(repeats: int) -> float:
     return 2 * n**3 / median_time(lambda: a @ b, repeats)
 
 
+class TokenClock:
+    """Timestamps of produced tokens: prefill = prompt start to first token, decode = first to last token.
+
+    The same definition for all three backends (ours via `stream`, transformers via its streamer `put`),
+    taken within one run, so compilation or prefill noise cannot leak into the decode rate.
+    """
+
+    def __init__(self):
+        self.start = 0.0
+        self.stamps: list[float] = []
+
+    def reset(self) -> None:
+        self.stamps = []
+        self.start = time.perf_counter()
+
+    def put(self, _value) -> None:  # transformers' streamer API: the prompt first, then each new token
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def __call__(self, _step, _tokens) -> None:  # decoder-parity's stream API
+        self.stamps.append(time.perf_counter())
+
+
 def bench_backend(name: str, directory: Path, prompt: np.ndarray, new_tokens: int, repeats: int) -> dict:
+    clock = TokenClock()
     if name == "transformers":
         import torch
         import transformers
@@ -70,32 +97,57 @@ def bench_backend(name: str, directory: Path, prompt: np.ndarray, new_tokens: in
         model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
         ids = torch.as_tensor(prompt)
 
-        def prefill():
-            with torch.inference_mode():
-                model(ids, use_cache=False, logits_to_keep=1)
-
-        def decode():
+        def run() -> list[float]:
+            clock.reset()
             with torch.inference_mode():
                 model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                               pad_token_id=0)
+                               pad_token_id=0, streamer=clock)  # fmt: skip
+            return clock.stamps[1:]  # the streamer's first put is the prompt itself
 
     else:
         backend = __import__(name)
         model = backend.from_pretrained(directory, "float32", progress=True)
 
-        def prefill():
-            backend.generate(model, prompt, 1, eos_token_ids=())
+        def run() -> list[float]:
+            clock.reset()
+            backend.generate(model, prompt, new_tokens, eos_token_ids=(), stream=clock)
+            return clock.stamps
 
-        def decode():
-            return backend.generate(model, prompt, new_tokens, eos_token_ids=())
-
-    t_prefill = median_time(prefill, repeats)
-    t_total = median_time(decode, repeats)
-    # decode rate: the new_tokens - 1 steps after the prefill (which yields the first token)
-    decode_tok_s = (new_tokens - 1) / max(t_total - t_prefill, 1e-9)
-    result = {"prefill_tok_s": prompt.shape[1] / t_prefill, "decode_tok_s": decode_tok_s}
-    print(f"  {name:13s} prefill {result['prefill_tok_s']:8.1f} tok/s   decode {decode_tok_s:6.2f} tok/s")
+    run()  # warm-up: compilation, allocator, caches
+    prefill, decode = [], []
+    for _ in range(repeats):
+        stamps = run()
+        assert len(stamps) == new_tokens, (name, len(stamps))
+        prefill.append(prompt.shape[1] / (stamps[0] - clock.start))
+        decode.append((new_tokens - 1) / (stamps[-1] - stamps[0]))
+    result = {"prefill_tok_s": statistics.median(prefill), "decode_tok_s": statistics.median(decode)}
+    print(
+        f"  {name:13s} prefill {result['prefill_tok_s']:8.1f} tok/s   decode {result['decode_tok_s']:6.2f} tok/s "
+        f"(runs: decode {', '.join(f'{d:.2f}' for d in decode)})"
+    )
     return result
+
+
+def worker(name: str, args: argparse.Namespace) -> dict:
+    """One measurement in this (fresh) process: a backend, or the machine's bandwidth and FLOP/s."""
+    directory = qwen3_0_6b_checkpoint("float32")
+    model_spec = spec.ModelSpec.from_pretrained(directory)
+    if name == "machine":
+        return {"read_bandwidth": read_bandwidth(args.repeats), "matmul_flops": matmul_flops(args.repeats)}
+    prompt = np.random.default_rng(0).integers(0, model_spec.vocab_size, (1, args.prompt_len))
+    return bench_backend(name, directory, prompt, args.new_tokens, args.repeats)
+
+
+def in_subprocess(name: str, args: argparse.Namespace) -> dict:
+    """Each backend in its own process: torch's OpenMP threads and XLA's thread pool never share the cores,
+    and one model's memory is returned to the system before the next loads."""
+    cmd = [sys.executable, "-m", "benchmarks.cpu_decode", "--worker", name, "--repeats", str(args.repeats),
+           "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    print("\n".join(lines[:-1]), flush=True)
+    return json.loads(lines[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,33 +156,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args)))
+        return 0
 
-    directory = qwen3_0_6b_checkpoint("float32")
-    model_spec = spec.ModelSpec.from_pretrained(directory)
-    weight_bytes = spec.parameter_count(model_spec) * 4  # fp32; the tied table is read once, by the head
-    prompt = np.random.default_rng(0).integers(0, model_spec.vocab_size, (1, args.prompt_len))
-    print(f"Qwen3-0.6B-shaped, float32, batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
-          f"median of {args.repeats}")
-    bandwidth = read_bandwidth(args.repeats)
-    flops = matmul_flops(args.repeats)
+    directory = qwen3_0_6b_checkpoint("float32")  # written once, before any timing
+    weight_bytes = spec.parameter_count(spec.ModelSpec.from_pretrained(directory)) * 4  # fp32; tied table read once
+    print(
+        f"Qwen3-0.6B-shaped, float32, batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+        f"median of {args.repeats}; each backend in its own process"
+    )
+    machine = in_subprocess("machine", args)
+    bandwidth, flops = machine["read_bandwidth"], machine["matmul_flops"]
     limit = bandwidth / weight_bytes
-    print(f"  read bandwidth {bandwidth / 1e9:.1f} GB/s, matmul {flops / 1e9:.0f} GFLOP/s, "
-          f"weights {weight_bytes / 1e9:.2f} GB/token -> decode limit {limit:.2f} tok/s")
-    results = {}
-    for name in ("transformers", "torch_impl", "jax_impl"):
-        results[name] = bench_backend(name, directory, prompt, args.new_tokens, args.repeats)
+    print(
+        f"  read bandwidth {bandwidth / 1e9:.1f} GB/s, matmul {flops / 1e9:.0f} GFLOP/s, "
+        f"weights {weight_bytes / 1e9:.2f} GB/token -> decode limit {limit:.2f} tok/s"
+    )
+    results = {name: in_subprocess(name, args) for name in ("transformers", "torch_impl", "jax_impl")}
     base = results["transformers"]
     for name in ("torch_impl", "jax_impl"):
         r = results[name]
         r["prefill_ratio"] = r["prefill_tok_s"] / base["prefill_tok_s"]
         r["decode_ratio"] = r["decode_tok_s"] / base["decode_tok_s"]
         r["decode_fraction_of_limit"] = r["decode_tok_s"] / limit
-        print(f"  {name:13s} prefill x{r['prefill_ratio']:.2f}  decode x{r['decode_ratio']:.2f} of transformers, "
-              f"decode at {100 * r['decode_fraction_of_limit']:.0f}% of the weight-streaming limit")
-    results["transformers"]["decode_fraction_of_limit"] = base["decode_tok_s"] / limit
-    results["machine"] = {"read_bandwidth_gb_s": bandwidth / 1e9, "matmul_gflop_s": flops / 1e9,
-                          "weight_bytes_per_token": weight_bytes, "decode_limit_tok_s": limit}
+        print(
+            f"  {name:13s} prefill x{r['prefill_ratio']:.2f}  decode x{r['decode_ratio']:.2f} of transformers, "
+            f"decode at {100 * r['decode_fraction_of_limit']:.0f}% of the weight-streaming limit"
+        )
+    base["decode_fraction_of_limit"] = base["decode_tok_s"] / limit
+    print(f"  transformers  decode at {100 * base['decode_fraction_of_limit']:.0f}% of the weight-streaming limit")
+    results["machine"] = {
+        "read_bandwidth_gb_s": bandwidth / 1e9,
+        "matmul_gflop_s": flops / 1e9,
+        "weight_bytes_per_token": weight_bytes,
+        "decode_limit_tok_s": limit,
+    }
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -7,9 +7,9 @@ prompts of different lengths (left padding plus an attention mask) is done once.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

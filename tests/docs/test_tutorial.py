@@ -1,0 +1,428 @@
+"""docs/tutorial.md is executed and cross-checked here, so that it cannot drift from the code.
+
+- Every ```python block runs, in file order, in ONE shared namespace, in a fresh subprocess whose working
+  directory is the repository root (as a reader's fresh session would: the tutorial's first block sets
+  TRITON_INTERPRET and XLA_FLAGS before triton and JAX are imported). The subprocess gets an empty cache
+  directory, so the built-in checkpoint is written from scratch, as on a fresh clone. ```console / ```text
+  blocks are never executed.
+- Output: a ```text block preceded by the line `<!-- output -->` shows the stdout of the python block just
+  before it and must match it (`output_mismatch`: text exactly, numbers to 1%, except that numbers below
+  1e-4 in magnitude, float32 rounding noise that varies between machines, need only stay below it; a line
+  `...` skips any number of lines, `...` inside a line matches any text). A python block
+  that prints must be followed by such a block, so every printed line of the tutorial is real output.
+  Numbers the prose states are asserted inside the blocks that compute them.
+- References: every `path/file.py::Symbol.attr` in backticks must name an existing file in which the symbol
+  resolves (a module-level definition, a class member, or an attribute a method assigns as `self.attr`), and
+  must import and getattr at run time down to its last class-level member. Bare paths in backticks must exist.
+- Mapping tables (header `| formula | torch_impl | jax_impl | kernel | checkpoint tensor |`): each row names
+  code in both frameworks' columns, and no column names the other framework's code.
+- Checkpoint tensor names (`model.layers.{i}.mlp.gate_proj.weight`, ...) must be rows of spec.param_table for
+  the default spec (a few, listed in VARIANT_ONLY, for the untied / q-k-v-bias variant of it); parity component
+  names (`layers.{i}.mlp.act`, `final_norm`, ...) must be in parity.component_order.
+
+Run `python tests/docs/test_tutorial.py` to execute the tutorial and print each block's output and any
+mismatch; `--update` rewrites the output blocks that no longer match (review the diff before committing).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import importlib
+import io
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TUTORIAL = REPO / "docs" / "tutorial.md"
+OUTPUT_MARK = "<!-- output -->"
+FENCE = re.compile(r"^```\s*([\w+-]*)\s*$")
+# Checkpoint tensor names that only exist in a variant of the default spec (untied head, q/k/v bias).
+VARIANT_ONLY = {
+    "lm_head.weight",
+    "model.layers.{i}.self_attn.q_proj.bias",
+    "model.layers.{i}.self_attn.k_proj.bias",
+    "model.layers.{i}.self_attn.v_proj.bias",
+}
+TIME_BUDGET_S = 120  # the whole tutorial, a generous guard: measured ~40 s on 2 CPU cores
+
+
+# ---- parsing -----------------------------------------------------------------------------------------------
+@dataclass
+class Block:
+    lang: str
+    line: int  # 1-based line of the opening fence
+    code: str
+    output: Block | None = None  # for python blocks: the <!-- output --> text block that shows their stdout
+    is_output: bool = False
+
+
+def parse_blocks(text: str) -> list[Block]:
+    """Fenced blocks in file order; each `<!-- output -->` text block is attached to the python block before it."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    k = 0
+    while k < len(lines):
+        match = FENCE.match(lines[k])
+        if not match:
+            k += 1
+            continue
+        start = k
+        k += 1
+        body = []
+        while k < len(lines) and lines[k].rstrip() != "```":
+            body.append(lines[k])
+            k += 1
+        if k == len(lines):
+            raise ValueError(f"tutorial line {start + 1}: unterminated code fence")
+        k += 1
+        prev = next((lines[j].strip() for j in range(start - 1, -1, -1) if lines[j].strip()), "")
+        block = Block(match.group(1), start + 1, "\n".join(body) + "\n", is_output=prev == OUTPUT_MARK)
+        if block.is_output:
+            owner = blocks[-1] if blocks else None
+            if block.lang != "text" or owner is None or owner.lang != "python" or owner.output is not None:
+                raise ValueError(
+                    f"tutorial line {start + 1}: an output block must be a ```text block right after a python block"
+                )
+            owner.output = block
+        blocks.append(block)
+    return blocks
+
+
+# ---- running (in a subprocess: `python tests/docs/test_tutorial.py --json OUT`) ------------------------------
+def run_blocks(path: Path) -> list[dict]:
+    """Execute the python blocks in one namespace; per block: its line, stdout, seconds, and error (or None)."""
+    namespace: dict = {"__name__": "__tutorial__"}
+    results = []
+    for block in parse_blocks(path.read_text()):
+        if block.lang != "python":
+            continue
+        # Pad with newlines so that tracebacks name the tutorial's own line numbers.
+        code = compile("\n" * block.line + block.code, str(path.relative_to(REPO)), "exec")
+        out = io.StringIO()
+        start = time.perf_counter()
+        error = None
+        with contextlib.redirect_stdout(out):
+            try:
+                exec(code, namespace)
+            except BaseException:  # report everything, including SystemExit from a CLI call
+                error = traceback.format_exc()
+        results.append(
+            {"line": block.line, "stdout": out.getvalue(), "seconds": time.perf_counter() - start, "error": error}
+        )
+        if error:
+            break
+    return results
+
+
+# ---- comparing outputs ---------------------------------------------------------------------------------------
+NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+NOISE = 1e-4  # both values below this: float32 rounding noise, which differs between machines and BLAS builds
+REL = 1e-2
+
+
+def _line_matches(expected: str, actual: str) -> bool:
+    expected, actual = expected.rstrip(), actual.rstrip()
+    if "..." in expected:
+        pattern = ".*".join(re.escape(part) for part in expected.split("..."))
+        return re.fullmatch(pattern, actual) is not None
+    if NUMBER.sub("#", expected) != NUMBER.sub("#", actual):
+        return False
+    for a, b in zip(NUMBER.findall(expected), NUMBER.findall(actual), strict=True):
+        x, y = float(a), float(b)
+        if x == y or (abs(x) <= NOISE and abs(y) <= NOISE):
+            continue
+        if not math.isclose(x, y, rel_tol=REL):
+            return False
+    return True
+
+
+def output_mismatch(expected: str, actual: str) -> str | None:
+    """None when `actual` matches the shown `expected` output, else the first line that does not."""
+    exp, act = expected.rstrip("\n").splitlines(), actual.rstrip("\n").splitlines()
+
+    def match(i: int, j: int) -> bool:  # exp[i:] against act[j:]; "..." lines skip any number of lines
+        if i == len(exp):
+            return j == len(act)
+        if exp[i].strip() == "...":
+            return any(match(i + 1, jj) for jj in range(j, len(act) + 1))
+        return j < len(act) and _line_matches(exp[i], act[j]) and match(i + 1, j + 1)
+
+    if match(0, 0):
+        return None
+    for i, line in enumerate(exp):
+        if line.strip() == "..." or i >= len(act) or not _line_matches(line, act[i]):
+            got = act[i] if i < len(act) else "<end of output>"
+            return f"shown line {i + 1}: {line!r}\n  printed:      {got!r}"
+    return f"the block printed {len(act) - len(exp)} more line(s), from {act[len(exp)]!r}"
+
+
+# ---- references ----------------------------------------------------------------------------------------------
+REFERENCE = re.compile(r"`([\w./-]+\.py)::([\w.]+)`")
+BARE_PATH = re.compile(r"`((?:spec|torch_impl|jax_impl|kernels|parity|tests|docs|benchmarks)/[\w./-]*)`")
+TENSOR_NAME = re.compile(r"`((?:model|lm_head)\.[\w.{}]+\.(?:weight|bias))`")
+COMPONENT = re.compile(r"`((?:layers\.(?:\{i\}|\d+)\.[\w.]+)|embed|final_norm|logits)`")
+
+
+def _definitions(body: list[ast.stmt]) -> dict[str, ast.AST]:
+    found: dict[str, ast.AST] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        found[name.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                found[(alias.asname or alias.name).split(".")[0]] = node
+    return found
+
+
+def _self_attributes(cls: ast.ClassDef) -> set[str]:
+    """Attributes a method of `cls` assigns as `self.<name> = ...` (instance attributes, e.g. submodules)."""
+    names = set()
+    for node in ast.walk(cls):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self":
+                    names.add(sub.attr)
+    return names
+
+
+def resolve_reference(path: str, symbol: str) -> str | None:
+    """None when `path::symbol` exists (statically, then at run time), else what is wrong."""
+    file = REPO / path
+    if not file.is_file():
+        return f"{path}: no such file"
+    scope: ast.AST = ast.parse(file.read_text())
+    parts = symbol.split(".")
+    static_depth = len(parts)  # how many parts getattr must reach at run time
+    for k, part in enumerate(parts):
+        found = _definitions(getattr(scope, "body", [])).get(part) if not isinstance(scope, ast.FunctionDef) else None
+        if found is None:
+            if isinstance(scope, ast.ClassDef) and k == len(parts) - 1 and part in _self_attributes(scope):
+                static_depth = k  # an instance attribute: the class has no such member to getattr
+                break
+            return f"{path}::{symbol}: {part!r} is not defined there"
+        scope = found
+    module_name = path.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as err:  # any import failure is the finding
+        return f"{path}: cannot import {module_name}: {err!r}"
+    for part in parts[:static_depth]:
+        if not hasattr(obj, part):
+            return f"{path}::{symbol}: {module_name} has no attribute path up to {part!r} at run time"
+        obj = getattr(obj, part)
+    return None
+
+
+def mapping_table_problems(text: str) -> list[str]:
+    """Rows of the formula -> code tables must name code in the right columns."""
+    problems, header = [], None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+            continue
+        if set("".join(cells)) <= set("-: ") or [c.lower() for c in header[:1]] != ["formula"]:
+            continue
+        if [c.lower() for c in header] != ["formula", "torch_impl", "jax_impl", "kernel", "checkpoint tensor"]:
+            problems.append(f"line {number}: mapping table header {header}")
+            continue
+        formula, torch_cell, jax_cell, kernel_cell, tensor_cell = cells
+        torch_refs, jax_refs = REFERENCE.findall(torch_cell), REFERENCE.findall(jax_cell)
+        if not torch_refs or not jax_refs:
+            problems.append(f"line {number}: row {formula!r} names no code in the torch_impl or jax_impl column")
+        if any(
+            p.startswith(("jax_impl/", "kernels/pallas/", "kernels/triton/"))
+            for p, _ in torch_refs
+            if p != "kernels/triton/reference.py"
+        ):
+            problems.append(f"line {number}: the torch_impl column names non-torch code")
+        if any(
+            p.startswith(("torch_impl/", "kernels/triton/", "kernels/pallas/"))
+            for p, _ in jax_refs
+            if p != "kernels/pallas/reference.py"
+        ):
+            problems.append(f"line {number}: the jax_impl column names non-jax code")
+        kernel_refs = REFERENCE.findall(kernel_cell)
+        if any(not p.startswith("kernels/") or p.endswith("reference.py") for p, _ in kernel_refs):
+            problems.append(f"line {number}: the kernel column names something other than a fused kernel")
+        if not kernel_refs and kernel_cell != "—" and not kernel_cell.startswith("— "):
+            problems.append(f"line {number}: the kernel column must name a kernel or start with '—'")
+        if not TENSOR_NAME.findall(tensor_cell) and not tensor_cell.startswith("—"):
+            problems.append(f"line {number}: the checkpoint column must name tensors or start with '—'")
+    return problems
+
+
+# ---- the tests -------------------------------------------------------------------------------------------------
+def _run_tutorial(path: Path, cache_dir: str) -> list[dict]:
+    path_entries = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": cache_dir,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(path_entries),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "results.json"
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--json", str(out), str(path)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if not out.is_file():
+            raise AssertionError(f"the tutorial runner crashed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        return json.loads(out.read_text())
+
+
+def test_tutorial_runs_and_shows_its_real_output(tmp_path):
+    start = time.perf_counter()
+    results = _run_tutorial(TUTORIAL, str(tmp_path / "cache"))
+    elapsed = time.perf_counter() - start
+    blocks = {b.line: b for b in parse_blocks(TUTORIAL.read_text()) if b.lang == "python"}
+    failed = [r for r in results if r["error"]]
+    assert not failed, f"docs/tutorial.md block at line {failed[0]['line']} failed:\n{failed[0]['error']}"
+    assert len(results) == len(blocks)
+    problems = []
+    for result in results:
+        block = blocks[result["line"]]
+        if block.output is None:
+            if result["stdout"].strip():
+                problems.append(f"block at line {block.line} prints but no `{OUTPUT_MARK}` block shows it")
+            continue
+        mismatch = output_mismatch(block.output.code, result["stdout"])
+        if mismatch:
+            problems.append(f"output block at line {block.output.line} does not match block {block.line}: {mismatch}")
+    assert not problems, "\n".join(problems)
+    assert elapsed < TIME_BUDGET_S, f"the tutorial took {elapsed:.0f}s (budget {TIME_BUDGET_S}s)"
+
+
+def test_every_referenced_file_and_symbol_exists():
+    text = TUTORIAL.read_text()
+    references = sorted(set(REFERENCE.findall(text)))
+    assert len(references) >= 40, "the mapping tables name too few symbols: did the reference syntax change?"
+    problems = [p for p in (resolve_reference(path, symbol) for path, symbol in references) if p]
+    paths = set(BARE_PATH.findall(text))
+    problems += [f"{p}: no such file or directory" for p in sorted(paths) if not (REPO / p).exists()]
+    assert not problems, "\n".join(problems)
+
+
+def test_mapping_tables_put_code_in_the_right_columns():
+    text = TUTORIAL.read_text()
+    assert text.count("| formula | torch_impl | jax_impl | kernel | checkpoint tensor |") >= 6
+    problems = mapping_table_problems(text)
+    assert not problems, "\n".join(problems)
+
+
+def test_checkpoint_tensor_names_are_in_the_parameter_table():
+    import spec
+
+    default = spec.DEFAULT_SPEC
+    variant = dataclasses.replace(default, tie_word_embeddings=False, attention_bias=True)
+
+    def names(model_spec) -> set[str]:
+        return {e.name for e in spec.param_table(model_spec)}
+
+    def expand(name: str) -> set[str]:
+        return {name.replace("{i}", str(i)) for i in range(default.num_hidden_layers)}
+
+    used = set(TENSOR_NAME.findall(TUTORIAL.read_text()))
+    assert "model.embed_tokens.weight" in used and "model.layers.{i}.mlp.gate_proj.weight" in used
+    problems = []
+    for name in sorted(used):
+        table = names(variant) if name in VARIANT_ONLY else names(default)
+        if not expand(name) <= table:
+            problems.append(
+                f"{name!r} is not in spec.param_table of the {'variant' if name in VARIANT_ONLY else 'default'} spec"
+            )
+    assert not problems, "\n".join(problems)
+
+
+def test_parity_component_names_exist():
+    import parity
+    import spec
+
+    order = set(parity.component_order(spec.DEFAULT_SPEC.num_hidden_layers))
+    used = set(COMPONENT.findall(TUTORIAL.read_text()))
+    assert {"embed", "logits", "layers.{i}.x1"} <= used
+    unknown = sorted(n for n in used if not {n.replace("{i}", str(i)) for i in range(2)} <= order)
+    assert not unknown, f"not parity components: {unknown}"
+
+
+def test_output_matching_rules():
+    assert output_mismatch("a 1.00e-05 b\n", "a 1.00e-05 b\n") is None
+    assert output_mismatch("max_rel 1.23e+00", "max_rel 1.231e+00") is None  # numbers to 1%
+    assert output_mismatch("max_rel 1.23e+00", "max_rel 1.50e+00") is not None
+    assert output_mismatch("noise 3.58e-07", "noise 4.10e-07") is None  # float32 noise
+    assert output_mismatch("noise 3.58e-07", "noise 2.00e-03") is not None
+    assert output_mismatch("PASS", "FAIL") is not None
+    assert output_mismatch("head\n...\ntail", "head\nx\ny\ntail") is None
+    assert output_mismatch("check: ...", "check: /tmp/abc") is None
+    assert output_mismatch("a\nb", "a") is not None and output_mismatch("a", "a\nb") is not None
+
+
+# ---- command line --------------------------------------------------------------------------------------------
+def _update(path: Path, results: list[dict]) -> int:
+    """Rewrite the output blocks that do not match what their python block printed."""
+    lines = path.read_text().splitlines()
+    stdout = {r["line"]: r["stdout"] for r in results}
+    changed = 0
+    for block in reversed(parse_blocks(path.read_text())):  # bottom-up: earlier line numbers stay valid
+        if block.lang == "python" and block.output is not None and block.line in stdout:
+            if output_mismatch(block.output.code, stdout[block.line]):
+                start = block.output.line  # the fence line (1-based) == index of the first body line
+                end = start + len(block.output.code.rstrip("\n").splitlines())
+                lines[start:end] = stdout[block.line].rstrip("\n").splitlines()
+                changed += 1
+    path.write_text("\n".join(lines) + "\n")
+    return changed
+
+
+def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(REPO))  # the script's own directory is tests/docs; the tutorial imports from the root
+    os.chdir(REPO)
+    args = [a for a in argv if not a.startswith("--")]
+    json_out = argv[argv.index("--json") + 1] if "--json" in argv else None
+    if json_out:
+        args.remove(json_out)
+    path = Path(args[0]).resolve() if args else TUTORIAL
+    results = run_blocks(path)
+    if json_out:
+        Path(json_out).write_text(json.dumps(results))
+        return 0
+    blocks = {b.line: b for b in parse_blocks(path.read_text()) if b.lang == "python"}
+    for r in results:
+        print(f"---- line {r['line']} ({r['seconds']:.1f}s)")
+        print(r["stdout"], end="")
+        if r["error"]:
+            print(r["error"])
+        shown = blocks[r["line"]].output
+        mismatch = output_mismatch(shown.code, r["stdout"]) if shown else None
+        if mismatch:
+            print(f"!!!! output block at line {shown.line} differs: {mismatch}")
+    if "--update" in argv:
+        print(f"updated {_update(path, results)} output block(s)")
+    return 1 if any(r["error"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

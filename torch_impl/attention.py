@@ -2,7 +2,8 @@
 
 Mirrors jax_impl/attention.py. q/k/v projections (bias where the spec says so), per-head RMSNorm on q and
 k before RoPE (Qwen3), rotate-half RoPE, key/value heads shared by `num_kv_groups` consecutive query
-heads (repeat_interleave, as Hugging Face's repeat_kv), scores and softmax in float32, output projection.
+heads (query head h reads kv head h // groups: Hugging Face's repeat_kv, i.e. repeat_interleave, done as a
+reshape of the queries so the keys and values are never copied), scores and softmax in float32.
 An optional KV cache receives this step's keys and values and returns every cached one.
 """
 
@@ -22,21 +23,25 @@ if TYPE_CHECKING:
     from torch_impl.kv_cache import KVCache
 
 
-def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, S, n_kv, d] -> [B, S, n_kv * groups, d]; query head h reads kv head h // groups."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=2)
+def group_heads(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """[B, T, n, d] -> [B, T, n_kv, groups, d]: query head h = kv * groups + g reads kv head h // groups.
+
+    The same mapping as repeat_interleave of the keys (Hugging Face's repeat_kv), without copying them.
+    """
+    b, t, n, d = q.shape
+    return q.view(b, t, num_kv_heads, n // num_kv_heads, d)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, T, n, d], k/v [B, S, n, d], mask [B, T, S] bool (True = may attend) -> [B, T, n, d].
+    """q [B, T, n_kv, g, d] (grouped), k/v [B, S, n_kv, d], mask [B, T, S] bool (True = may attend).
 
-    Scores, softmax and the weighted sum run in float32; masked scores get the float32 minimum rather
-    than -inf so that a fully masked (padding) row stays finite instead of turning into NaN.
+    Returns [B, T, n_kv, g, d]. Scores, softmax and the weighted sum run in float32; masked scores get the
+    float32 minimum rather than -inf so that a fully masked (padding) row stays finite instead of NaN.
     """
-    scores = torch.einsum("btnd,bsnd->bnts", q.float(), k.float()) * scale  # [B, n, T, S]
-    scores = scores.masked_fill(~mask[:, None], torch.finfo(torch.float32).min)
+    scores = torch.einsum("btkgd,bskd->bkgts", q.float(), k.float()) * scale  # [B, n_kv, g, T, S]
+    scores = scores.masked_fill(~mask[:, None, None], torch.finfo(torch.float32).min)
     probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("bnts,bsnd->btnd", probs, v.float()).to(q.dtype)  # [B, T, n, d]
+    return torch.einsum("bkgts,bskd->btkgd", probs, v.float()).to(q.dtype)  # [B, T, n_kv, g, d]
 
 
 class Attention(nn.Module):
@@ -48,7 +53,6 @@ class Attention(nn.Module):
             spec.num_key_value_heads,
             spec.head_dim,
         )
-        self.groups = spec.num_kv_groups
         self.scale = spec.head_dim**-0.5
         h, q_out, kv_out = spec.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = Linear(h, q_out, bias=spec.attention_bias)
@@ -82,5 +86,5 @@ class Attention(nn.Module):
             trace[f"layers.{self.layer_idx}.attn.k"] = k
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # [B, S, n_kv, d], every cached position
-        out = attend(q, repeat_kv(k, self.groups), repeat_kv(v, self.groups), mask, self.scale)
+        out = attend(group_heads(q, self.num_kv_heads), k, v, mask, self.scale)  # [B, T, n_kv, g, d]
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))  # [B, T, H]

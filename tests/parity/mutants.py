@@ -151,8 +151,10 @@ def _rotate_interleaved_jax(x):
     return jnp.stack((-pairs[..., 1], pairs[..., 0]), axis=-1).reshape(x.shape)
 
 
-def _repeat_not_interleave(x, groups):
-    return x if groups == 1 else x.repeat(1, 1, groups, 1)  # head h reads kv head h % n_kv, not h // groups
+def _group_heads_tiled(q, num_kv_heads):
+    """The `repeat` (tile) mapping: query head h reads kv head h % n_kv, not h // groups."""
+    b, t, n, d = q.shape
+    return q.view(b, t, n // num_kv_heads, num_kv_heads, d).transpose(2, 3)  # [B, T, n_kv, g, d]
 
 
 def _causal_mask_off_by_one(key_valid, q_start, q_len):
@@ -231,9 +233,9 @@ MUTANTS: list[Mutant] = [
         "gqa_repeat_not_interleave",
         "torch",
         "layers.0.attn_out",
-        "q and k are traced before the kv heads are expanded; the attention output is the first to mix them "
+        "q and k are traced before the heads are grouped; the attention output is the first to mix them "
         "(4 query heads on 2 kv heads: heads 1 and 2 read the wrong kv head)",
-        lambda mp: mp.setattr(torch_impl.attention, "repeat_kv", _repeat_not_interleave),
+        lambda mp: mp.setattr(torch_impl.attention, "group_heads", _group_heads_tiled),
     ),
     Mutant(
         "qk_norm_skipped",

@@ -20,6 +20,7 @@ from jax_impl import sharding
 from jax_impl.model import CausalLM
 from spec import Checkpoint, ModelSpec, runtime_params
 from spec.generation import eos_token_ids
+from spec.parallel import check_tp_degree
 from spec.params import LINEAR
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -42,7 +43,7 @@ def from_pretrained(
     spec = ModelSpec.from_pretrained(path)
     checkpoint = Checkpoint(path)
     tp = 1 if mesh is None else mesh.shape[sharding.MODEL]
-    sharding.check_tp(spec, tp)
+    check_tp_degree(spec, tp)
     model = nnx.eval_shape(lambda: CausalLM(spec, dtype=dtype, kernels=kernels, shards=tp, rngs=nnx.Rngs(0)))
     modules = {".".join(str(p) for p in path): m for path, m in nnx.iter_modules(model)}
     for module, role, kind, array in runtime_params(checkpoint, spec, progress=progress):

@@ -21,6 +21,7 @@ from jax_impl.layernorm import RMSNorm
 from jax_impl.rotary_embedding import RotaryEmbedding
 from kernels import resolve_kernels
 from spec import InputError, ModelSpec, check_token_ids
+from spec.parallel import padded_vocab
 
 if TYPE_CHECKING:
     from jax_impl.kv_cache import KVCache
@@ -37,11 +38,6 @@ def default_positions(key_valid: jax.Array, q_start: jax.Array | int, q_len: int
     """Position of each query: its count of valid slots before it, so left padding does not shift RoPE."""
     positions = jnp.maximum(jnp.cumsum(key_valid.astype(jnp.int32), axis=-1) - 1, 0)  # [B, S]
     return jax.lax.dynamic_slice_in_dim(positions, q_start, q_len, axis=1)  # [B, T]
-
-
-def padded_vocab(spec: ModelSpec, shards: int) -> int:
-    """The vocabulary rounded up to a multiple of the tensor-parallel degree (padding rows are masked)."""
-    return -(-spec.vocab_size // shards) * shards
 
 
 class Model(nnx.Module):

@@ -18,9 +18,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_impl.model import padded_vocab
 from jax_impl.vocab_parallel import DATA, MODEL
 from spec import ConfigError, ModelSpec
+from spec.parallel import padded_vocab
 from spec.params import BIAS, EMBEDDING
 
 
@@ -35,26 +35,6 @@ def make_mesh(tp: int, dp: int = 1) -> Mesh:
     # Auto axes: XLA's partitioner propagates the parameter shardings through the model's plain jnp code.
     auto = (jax.sharding.AxisType.Auto,) * 2
     return jax.make_mesh((dp, tp), (DATA, MODEL), axis_types=auto, devices=devices[: dp * tp])
-
-
-def check_tp(spec: ModelSpec, tp: int) -> None:
-    """Refuse a degree that does not divide what it must, naming it (the vocabulary is padded instead)."""
-    problems = []
-    if tp < 1:
-        problems.append(f"the tensor-parallel degree must be >= 1, got {tp}")
-    else:
-        if spec.num_attention_heads % tp:
-            problems.append(f"num_attention_heads={spec.num_attention_heads} is not divisible by tp={tp}")
-        kv = spec.num_key_value_heads
-        if kv % tp and tp % kv:
-            problems.append(
-                f"num_key_value_heads={kv} and tp={tp}: one must divide the other (kv heads are split, "
-                "or replicated when tp exceeds them)"
-            )
-        if spec.intermediate_size % tp:
-            problems.append(f"intermediate_size={spec.intermediate_size} is not divisible by tp={tp}")
-    if problems:
-        raise ConfigError("tensor parallelism: " + "; ".join(problems))
 
 
 def partition_spec(spec: ModelSpec, module: str, role: str, kind: str, tp: int) -> P:

@@ -89,9 +89,9 @@ def check(
             "(pip install 'decoder-parity[triton]')"
         )
     if tp > 1:
-        from jax_impl.sharding import check_tp
+        from spec.parallel import check_tp_degree
 
-        check_tp(model_spec, tp)
+        check_tp_degree(model_spec, tp)
     prepare_kernels(kernels)
     baseline = (dtype != "float32") if baseline is None else (baseline and dtype != "float32")
     say = log or (lambda _line: None)

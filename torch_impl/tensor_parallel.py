@@ -36,6 +36,7 @@ from torch import nn
 
 from spec import Checkpoint, ConfigError, ModelSpec, runtime_params
 from spec.generation import Generation, SamplingParams, collect_tokens, eos_token_ids, prepare_prompts
+from spec.parallel import check_tp_degree, padded_vocab
 from spec.params import NORM
 from torch_impl.generate import sample
 from torch_impl.kv_cache import KVCache
@@ -54,25 +55,6 @@ __all__ = [
     "greedy_token",
     "shard_param",
 ]
-
-
-def check_tp_degree(spec: ModelSpec, tp_size: int) -> None:
-    """Raise a ConfigError naming every dimension that `tp_size` cannot split (the vocabulary is padded)."""
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        raise ConfigError(f"tensor-parallel degree must be a positive integer, got {tp_size!r}")
-    problems = []
-    if spec.num_attention_heads % tp_size:
-        problems.append(f"it does not divide num_attention_heads={spec.num_attention_heads}")
-    n_kv = spec.num_key_value_heads
-    if n_kv % tp_size and tp_size % n_kv:
-        problems.append(
-            f"it neither divides num_key_value_heads={n_kv} nor is a multiple of it "
-            "(kv heads are split when it divides them, replicated when it is a multiple)"
-        )
-    if spec.intermediate_size % tp_size:
-        problems.append(f"it does not divide intermediate_size={spec.intermediate_size}")
-    if problems:
-        raise ConfigError(f"tensor-parallel degree {tp_size} does not fit this model: " + "; ".join(problems))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +91,7 @@ class ShardLayout:
 
     @property
     def padded_vocab(self) -> int:
-        return -(-self.spec.vocab_size // self.tp_size) * self.tp_size  # next multiple of tp_size
+        return padded_vocab(self.spec, self.tp_size)  # next multiple of tp_size
 
     @property
     def vocab_shard(self) -> int:

@@ -60,26 +60,26 @@ def test_untied_bias_checkpoint_sharded(qwen2_untied):
 @pytest.mark.parametrize(
     ("tp", "needle"),
     [
-        (3, "num_attention_heads=4 is not divisible by tp=3"),
-        (8, "num_attention_heads=4 is not divisible by tp=8"),
-        (0, "must be >= 1"),
+        (3, "degree 3 does not fit this model: it does not divide num_attention_heads=4"),
+        (8, "degree 8 does not fit this model: it does not divide num_attention_heads=4"),
+        (0, "must be a positive integer"),
     ],
 )
 def test_bad_degree_is_refused(tp, needle):
-    from jax_impl.sharding import check_tp
+    from spec.parallel import check_tp_degree
 
     with pytest.raises(ConfigError) as err:
-        check_tp(spec.DEFAULT_SPEC, tp)
+        check_tp_degree(spec.DEFAULT_SPEC, tp)
     assert needle in str(err.value)
 
 
 def test_kv_heads_and_intermediate_must_divide():
-    from jax_impl.sharding import check_tp
+    from spec.parallel import check_tp_degree
 
     odd = dataclasses.replace(spec.DEFAULT_SPEC, num_attention_heads=12, num_key_value_heads=3, intermediate_size=170)
     with pytest.raises(ConfigError) as err:
-        check_tp(odd, 4)
-    assert "num_key_value_heads=3 and tp=4" in str(err.value) and "intermediate_size=170" in str(err.value)
+        check_tp_degree(odd, 4)
+    assert "num_key_value_heads=3" in str(err.value) and "intermediate_size=170" in str(err.value)
 
 
 def test_mesh_larger_than_devices_is_refused():

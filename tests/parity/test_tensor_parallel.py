@@ -32,4 +32,4 @@ def test_generate_tp2_both_backends_identical(default_dir):
 def test_bad_degree_exits_2_naming_it(default_dir):
     result = cli("check", str(default_dir), "--tp", "3", "-q")
     assert result.returncode == 2
-    assert "num_attention_heads=4 is not divisible by tp=3" in result.stderr
+    assert "degree 3 does not fit this model: it does not divide num_attention_heads=4" in result.stderr

@@ -9,12 +9,12 @@ N simulated CPU devices; torch on N gloo processes).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from parity.capture import prepare_kernels
 from parity.inputs import parse_ids, tokenize
 from parity.tensor_parallel import prepare_devices
 from spec import InputError, ModelSpec, default_checkpoint
@@ -68,17 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
 def prepare_environment(args: argparse.Namespace) -> None:
     """Set what the frameworks read at import: interpret-mode Triton on CPU, simulated JAX devices."""
-    if args.kernels == "fused" and not _cuda_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    prepare_kernels(args.kernels)
     prepare_devices(args.tp)
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def make_decoder(directory: Path):

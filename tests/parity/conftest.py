@@ -1,27 +1,10 @@
-"""Fixtures of the parity tests: checkpoints every test may use, and the Triton interpreter on CPU.
-
-TRITON_INTERPRET must be set before kernels.triton.* is first imported (Triton reads it when a kernel is
-decorated); collection imports this file before any parity test module. setdefault: an explicit value wins.
-"""
+"""Fixtures of the parity tests: checkpoints every test may use (the Triton interpreter is set in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-if not _cuda_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torch_impl.linear import linear
+
 
 class Embedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int):
@@ -21,4 +23,4 @@ class Embedding(nn.Module):
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         """Tied logits: x @ E^T with E the embedding table itself."""
-        return F.linear(x, self.weight)  # [B, T, H] -> [B, T, V]
+        return linear(x, self.weight)  # [B, T, H] -> [B, T, V]

@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from spec import Checkpoint, ConfigError, ModelSpec, runtime_params
@@ -40,6 +39,7 @@ from spec.parallel import check_tp_degree, padded_vocab
 from spec.params import NORM
 from torch_impl.generate import sample
 from torch_impl.kv_cache import KVCache
+from torch_impl.linear import linear
 from torch_impl.loader import DTYPES, to_torch
 from torch_impl.model import CausalLM
 from torch_impl.vocab_parallel import VocabParallelEmbedding, VocabParallelLMHead, gather_logits, greedy_token
@@ -147,7 +147,7 @@ class RowParallelLinear(nn.Linear):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(x, self.weight)  # [..., out], this rank's share of the sum over inputs
+        partial = linear(x, self.weight)  # [..., out], this rank's share of the sum over inputs
         if partial.dtype in (torch.float16, torch.bfloat16):
             total = partial.float()
             dist.all_reduce(total, group=self.group)

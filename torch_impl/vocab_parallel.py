@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torch_impl.embedding import Embedding
+from torch_impl.linear import linear
 
 
 class VocabParallelEmbedding(Embedding):
@@ -55,7 +56,7 @@ class VocabParallelLMHead(nn.Linear):
         self.real = min(max(vocab_size - vocab_start, 0), shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.weight)  # [..., shard]
+        logits = linear(x, self.weight)  # [..., shard]
         if self.real < self.out_features:
             logits[..., self.real :] = float("-inf")  # padding can never be the max nor get probability
         return logits

@@ -100,30 +100,34 @@ def cache_partition(num_kv_heads: int, tp: int) -> P:
     return P(DATA, None, MODEL, None) if num_kv_heads % tp == 0 else P(DATA, None, None, None)
 
 
-def sharded_steps(mesh: Mesh, state: nnx.State, cache):
-    """(prefill, decode_step, cache placed on the mesh), jit-compiled with explicit in/out shardings."""
-    leaves = jax.tree.leaves(state)
+def sharded_steps(mesh: Mesh, graphdef: nnx.GraphDef, params, state: nnx.State, cache):
+    """(prefill, decode_step, cache placed on the mesh), jit-compiled with explicit in/out shardings.
+
+    The steps take the state's flat leaves, as generate.compiled_steps's do.
+    """
+    leaves, treedef = jax.tree.flatten(state)
     kv = NamedSharding(mesh, cache_partition(cache.k[0].shape[2], mesh.shape[MODEL]))  # [B, S, n_kv, d]
     cache_sh = type(cache)(tuple(kv for _ in cache.k), tuple(kv for _ in cache.v), NamedSharding(mesh, P()))
     cache = jax.device_put(cache, cache_sh)
-    steps = _steps(mesh, jax.tree.structure(state), tuple(a.sharding for a in leaves), cache_sh)
+    steps = _steps(mesh, graphdef, treedef, params, tuple(a.sharding for a in leaves), cache_sh)
     return (*steps, cache)
 
 
 @lru_cache(maxsize=8)
-def _steps(mesh: Mesh, treedef, leaf_shardings: tuple, cache_sh):
-    from jax_impl.generate import JIT_OPTIONS, _decode_step, _prefill
+def _steps(mesh: Mesh, graphdef: nnx.GraphDef, treedef, params, leaf_shardings: tuple, cache_sh):
+    from jax_impl.generate import DONATE_CACHE, step_functions
 
-    state_sh = jax.tree.unflatten(treedef, leaf_shardings)
+    prefill, decode_step = step_functions(graphdef, treedef, params)
+    state_sh = list(leaf_shardings)  # the leaves travel as a list
     rows, rows2 = NamedSharding(mesh, P(DATA)), NamedSharding(mesh, P(DATA, None))
     rep, logits = NamedSharding(mesh, P()), NamedSharding(mesh, P(DATA, MODEL))  # logits stay vocabulary-sharded
     prefill = jax.jit(
-        _prefill, **JIT_OPTIONS,
+        prefill, **DONATE_CACHE,
         in_shardings=(state_sh, cache_sh, rows2, rows2, rep, rep),
         out_shardings=(rows, logits, cache_sh, rows),
     )  # fmt: skip
     decode = jax.jit(
-        _decode_step, **JIT_OPTIONS,
+        decode_step, **DONATE_CACHE,
         in_shardings=(state_sh, cache_sh, rows, rows2, rows, rep, rep),
         out_shardings=(rows, logits, cache_sh, rows2, rows),
     )  # fmt: skip

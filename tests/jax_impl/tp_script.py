@@ -57,12 +57,10 @@ def main(directory: str, tp: int, dp: int) -> dict:
 
     graphdef, state = nnx.split(model)
     cache = KVCache.create(spec, dp, 16, table.dtype)
-    _, decode, cache = sharding.sharded_steps(mesh, state, cache)
+    _, decode, cache = sharding.sharded_steps(mesh, graphdef, SamplingParams(), state, cache)
     with jax.set_mesh(mesh):
         args = (
-            graphdef,
-            SamplingParams(),
-            state,
+            jax.tree.leaves(state),
             cache,
             np.zeros(dp, np.int32),
             np.ones((dp, 16), bool),

@@ -1,0 +1,124 @@
+"""Decode-step GEMV speed by weight layout and library: what bounds a CPU decode step's weight streaming.
+
+A batch-1 decode step is 28 layers of matrix-vector products (Qwen3-0.6B: q, k, v, o, gate_up, down per
+layer, 1.68 GB of float32 weights), each weight read once. This script runs exactly those products, chained
+layer by layer over distinct weights (nothing stays in cache), in each way the two backends could run them:
+
+- jax, Flax layout:   x @ W   with W [in, out]   (nnx.Linear's kernel; what jax_impl runs)
+- jax, torch layout:  x @ W^T with W [out, in]   (the same product on the checkpoint's layout)
+- torch, F.linear:    MKL's float32 GEMM/GEMV    (what nn.Linear, hence transformers, runs on CPU)
+- torch, oneDNN:      torch.ops.mkldnn._linear_pointwise (what torch_impl/linear.py runs for float32)
+
+and prints each one's streaming rate and its fraction of a 1 GiB matrix-vector product measured in the same
+run (the read bandwidth benchmarks/cpu_decode.py uses for its weight-streaming limit).
+
+    python benchmarks/gemv_layout.py [--repeats 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+LAYERS = 28
+HIDDEN, Q_OUT, KV_OUT, INTER = 1024, 2048, 1024, 3072  # Qwen3-0.6B
+# (name, in, out); the input of each product is a slice of an earlier output, as in the real layer.
+PRODUCTS = (("q", HIDDEN, Q_OUT), ("k", HIDDEN, KV_OUT), ("v", HIDDEN, KV_OUT), ("o", Q_OUT, HIDDEN),
+            ("gate_up", HIDDEN, 2 * INTER), ("down", INTER, HIDDEN))  # fmt: skip
+LAYER_BYTES = sum(i * o for _, i, o in PRODUCTS) * 4
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up: compilation, allocator
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def layer_weights(rng: np.random.Generator) -> list[list[np.ndarray]]:
+    """Per layer, per product: W [out, in] float32 (the checkpoint's layout)."""
+    return [[rng.standard_normal((o, i), np.float32) * i**-0.5 for _, i, o in PRODUCTS] for _ in range(LAYERS)]
+
+
+def chain(x, weights, product: Callable):
+    """One decode step's products: q/k/v/gate_up from the hidden state, o from q, down from gate_up."""
+    for q_w, k_w, v_w, o_w, gu_w, down_w in weights:
+        q, k, v = product(x, q_w), product(x, k_w), product(x, v_w)
+        gate_up = product(x, gu_w)
+        x = x + product(q, o_w) + product(gate_up[:, :INTER], down_w) + 1e-3 * (k + v)
+    return x
+
+
+def jax_rates(weights: list[list[np.ndarray]], repeats: int) -> dict[str, float]:
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((1, HIDDEN), jnp.float32)
+    hi = jax.lax.Precision.HIGHEST
+    rates = {}
+    variants = {
+        "jax x @ W, W [in, out] (Flax)": (lambda w: jnp.asarray(w.T), lambda x, w: jnp.dot(x, w, precision=hi)),
+        "jax x @ W^T, W [out, in] (torch)": (jnp.asarray, lambda x, w: jnp.einsum("bi,oi->bo", x, w, precision=hi)),
+    }
+    for name, (place, product) in variants.items():
+        placed = [[place(w) for w in layer] for layer in weights]  # a contiguous array in the variant's layout
+        step = jax.jit(lambda x, ws, product=product: chain(x, ws, product))
+        run = lambda step=step, placed=placed: step(x, placed).block_until_ready()  # noqa: E731
+        rates[name] = LAYERS * LAYER_BYTES / median_seconds(run, repeats)
+        del placed, run  # one layout's weights in memory at a time
+    big = jnp.asarray(np.random.default_rng(1).standard_normal((16384, 16384), np.float32))
+    mv = jax.jit(lambda m, v: m @ v)
+    v = jnp.ones((16384,), jnp.float32)
+    rates["jax 1 GiB matvec"] = big.nbytes / median_seconds(lambda: mv(big, v).block_until_ready(), repeats)
+    return rates
+
+
+def torch_rates(weights: list[list[np.ndarray]], repeats: int) -> dict[str, float]:
+    import torch
+    import torch.nn.functional as F
+
+    from torch_impl.linear import linear
+
+    x = torch.ones(1, HIDDEN)
+    placed = [[torch.from_numpy(w) for w in layer] for layer in weights]  # [out, in], shared with numpy
+    rates = {}
+    with torch.inference_mode():
+        for name, product in (("torch F.linear (MKL)", F.linear), ("torch oneDNN (torch_impl)", linear)):
+            rates[name] = LAYERS * LAYER_BYTES / median_seconds(lambda p=product: chain(x, placed, p), repeats)
+        big = torch.randn(16384, 16384)
+        v = torch.ones(16384)
+        rates["torch 1 GiB matvec"] = big.numel() * 4 / median_seconds(lambda: torch.mv(big, v), repeats)
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    weights = layer_weights(np.random.default_rng(0))
+    print(f"{LAYERS} layers of Qwen3-0.6B GEMVs, {LAYERS * LAYER_BYTES / 1e9:.2f} GB float32, batch 1, "
+          f"median of {args.repeats}")  # fmt: skip
+    rates = {**jax_rates(weights, args.repeats), **torch_rates(weights, args.repeats)}
+    limit = max(rates["jax 1 GiB matvec"], rates["torch 1 GiB matvec"])
+    for name, rate in rates.items():
+        print(f"  {name:34s} {rate / 1e9:6.1f} GB/s   {100 * rate / limit:4.0f}% of the best 1 GiB matvec")
+    flax, torch_layout = rates["jax x @ W, W [in, out] (Flax)"], rates["jax x @ W^T, W [out, in] (torch)"]
+    mkl, onednn = rates["torch F.linear (MKL)"], rates["torch oneDNN (torch_impl)"]
+    print(f"  jax: torch layout / Flax layout x{torch_layout / flax:.2f};  torch: oneDNN / MKL x{onednn / mkl:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

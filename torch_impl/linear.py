@@ -23,12 +23,27 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils import flop_counter
 
 
 @functools.cache
 def _onednn_available() -> bool:
-    """Whether this torch build has oneDNN and the fused linear op (probed once, on first use)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """Whether this torch build has oneDNN and the fused linear op (probed once, on first use).
+
+    When it does, the op's FLOPs are registered with torch's FlopCounterMode, which knows aten.mm but not
+    this op: without it, a FLOP count of torch_impl's float32 inference would read 0.
+    """
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    op = torch.ops.mkldnn._linear_pointwise
+    if op.default not in flop_counter.flop_registry:
+        flop_counter.register_flop_formula(op)(_linear_flops)
+    return True
+
+
+def _linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    """x [tokens, in] @ w[out, in]^T: 2 * tokens * out * in."""
+    return 2 * x_shape[0] * w_shape[0] * x_shape[1]
 
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -60,3 +60,14 @@ def test_non_contiguous_input():
     w = torch.randn(5, 37)
     with torch.inference_mode():
         assert max_rel(linear(x, w), x.double() @ w.double().T) <= MAX_REL
+
+
+def test_flop_counter_sees_every_path():
+    """FlopCounterMode counts 2 * tokens * out * in whichever library runs the product."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w = torch.randn(3, 37), torch.randn(53, 37)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
+            linear(x, w.requires_grad_(grad))
+        assert counter.get_total_flops() == 2 * 3 * 53 * 37

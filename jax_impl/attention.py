@@ -36,16 +36,17 @@ def group_heads(q: jax.Array, num_kv_heads: int) -> jax.Array:
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    """q [B, T, n_kv, g, d] (grouped), k/v [B, S, n_kv, d], mask [B, T, S] bool (True = may attend).
+    """q [B, T, n_kv, g, d] (grouped), k [B, n_kv, S, d], v [B, n_kv, d, S], mask [B, T, S] bool (True = may
+    attend): the KV cache's layouts (kv_cache.py says why).
 
     Returns [B, T, n_kv, g, d]. Scores, softmax and the weighted sum run in float32; masked scores get the
     float32 minimum rather than -inf so that a fully masked (padding) row stays finite instead of NaN.
     """
     f32 = jnp.float32
-    scores = jnp.einsum("btkgd,bskd->bkgts", q.astype(f32), k.astype(f32), precision=HIGHEST) * scale
+    scores = jnp.einsum("btkgd,bksd->bkgts", q.astype(f32), k.astype(f32), precision=HIGHEST) * scale
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(f32).min)  # [B, n_kv, g, T, S]
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(f32), precision=HIGHEST)
+    out = jnp.einsum("bkgts,bkds->btkgd", probs, v.astype(f32), precision=HIGHEST)
     return out.astype(q.dtype)  # [B, T, n_kv, g, d]
 
 
@@ -91,7 +92,8 @@ class Attention(nnx.Module):
         if trace is not None:
             trace[f"layers.{self.layer_idx}.attn.q"] = q
             trace[f"layers.{self.layer_idx}.attn.k"] = k
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 3, 1)  # [B, n_kv, T, d], [B, n_kv, d, T]
         if cache is not None:
-            cache, k, v = cache.update(self.layer_idx, k, v)  # [B, S, n_kv, d], every cache slot
+            cache, k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, S, d], [B, n_kv, d, S]: every slot
         out = attend(group_heads(q, self.num_kv_heads), k, v, mask, self.scale)  # [B, T, n_kv, g, d]
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache  # [B, T, H]

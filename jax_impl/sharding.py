@@ -96,8 +96,8 @@ def gather_logits(logits: jax.Array, spec: ModelSpec) -> np.ndarray:
 
 
 def cache_partition(num_kv_heads: int, tp: int) -> P:
-    """KV cache [B, S, n_kv, d]: batch over "data", kv heads over "model" when they split, else replicated."""
-    return P(DATA, None, MODEL, None) if num_kv_heads % tp == 0 else P(DATA, None, None, None)
+    """KV cache [B, n_kv, ...]: batch over "data", kv heads over "model" when they split, else replicated."""
+    return P(DATA, MODEL, None, None) if num_kv_heads % tp == 0 else P(DATA, None, None, None)
 
 
 def sharded_steps(mesh: Mesh, graphdef: nnx.GraphDef, params, state: nnx.State, cache):
@@ -106,7 +106,7 @@ def sharded_steps(mesh: Mesh, graphdef: nnx.GraphDef, params, state: nnx.State, 
     The steps take the state's flat leaves, as generate.compiled_steps's do.
     """
     leaves, treedef = jax.tree.flatten(state)
-    kv = NamedSharding(mesh, cache_partition(cache.k[0].shape[2], mesh.shape[MODEL]))  # [B, S, n_kv, d]
+    kv = NamedSharding(mesh, cache_partition(cache.k[0].shape[1], mesh.shape[MODEL]))  # k, v [B, n_kv, ...]
     cache_sh = type(cache)(tuple(kv for _ in cache.k), tuple(kv for _ in cache.v), NamedSharding(mesh, P()))
     cache = jax.device_put(cache, cache_sh)
     steps = _steps(mesh, graphdef, treedef, params, tuple(a.sharding for a in leaves), cache_sh)

@@ -33,15 +33,16 @@ def group_heads(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, T, n_kv, g, d] (grouped), k/v [B, S, n_kv, d], mask [B, T, S] bool (True = may attend).
+    """q [B, T, n_kv, g, d] (grouped), k [B, n_kv, S, d], v [B, n_kv, d, S], mask [B, T, S] bool (True = may
+    attend): the KV cache's layouts (kv_cache.py says why).
 
     Returns [B, T, n_kv, g, d]. Scores, softmax and the weighted sum run in float32; masked scores get the
     float32 minimum rather than -inf so that a fully masked (padding) row stays finite instead of NaN.
     """
-    scores = torch.einsum("btkgd,bskd->bkgts", q.float(), k.float()) * scale  # [B, n_kv, g, T, S]
+    scores = torch.einsum("btkgd,bksd->bkgts", q.float(), k.float()) * scale  # [B, n_kv, g, T, S]
     scores = scores.masked_fill(~mask[:, None, None], torch.finfo(torch.float32).min)
     probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("bkgts,bskd->btkgd", probs, v.float()).to(q.dtype)  # [B, T, n_kv, g, d]
+    return torch.einsum("bkgts,bkds->btkgd", probs, v.float()).to(q.dtype)  # [B, T, n_kv, g, d]
 
 
 class Attention(nn.Module):
@@ -84,7 +85,8 @@ class Attention(nn.Module):
         if trace is not None:
             trace[f"layers.{self.layer_idx}.attn.q"] = q
             trace[f"layers.{self.layer_idx}.attn.k"] = k
+        k, v = k.transpose(1, 2), v.permute(0, 2, 3, 1)  # [B, n_kv, T, d], [B, n_kv, d, T]
         if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # [B, S, n_kv, d], every cached position
+            k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, S, d], [B, n_kv, d, S]: every cached position
         out = attend(group_heads(q, self.num_kv_heads), k, v, mask, self.scale)  # [B, T, n_kv, g, d]
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))  # [B, T, H]

@@ -28,7 +28,9 @@ from torch.utils import flop_counter
 
 @functools.cache
 def _onednn_available() -> bool:
-    """Whether this torch build has oneDNN and the fused linear op (probed once, on first use).
+    """Whether this torch build has oneDNN and the fused linear op, and the op computes x @ W^T + b
+    (probed once, on first use, on a small exact product: the op is private, so a torch release that
+    changed it makes linear() fall back to F.linear instead of failing).
 
     When it does, the op's FLOPs are registered with torch's FlopCounterMode, which knows aten.mm but not
     this op: without it, a FLOP count of torch_impl's float32 inference would read 0.
@@ -36,6 +38,15 @@ def _onednn_available() -> bool:
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     op = torch.ops.mkldnn._linear_pointwise
+    x = torch.arange(6, dtype=torch.float32).view(2, 3)  # small integers: every path is exact
+    w, b = torch.arange(12, dtype=torch.float32).view(4, 3), torch.arange(4, dtype=torch.float32)
+    try:
+        with torch.inference_mode():
+            ok = torch.equal(op(x, w, b, "none", [], ""), F.linear(x, w, b))
+    except RuntimeError:
+        ok = False
+    if not ok:
+        return False
     if op.default not in flop_counter.flop_registry:
         flop_counter.register_flop_formula(op)(_linear_flops)
     return True

@@ -71,3 +71,17 @@ def test_flop_counter_sees_every_path():
         with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
             linear(x, w.requires_grad_(grad))
         assert counter.get_total_flops() == 2 * 3 * 53 * 37
+
+
+def test_without_onednn_falls_back_to_f_linear(monkeypatch):
+    from torch_impl import linear as linear_module
+
+    linear_module._onednn_available.cache_clear()
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    try:
+        x, w = torch.randn(4, 37), torch.randn(53, 37)
+        with torch.inference_mode():
+            assert not uses_onednn(x, w)
+            assert max_rel(linear(x, w), x.double() @ w.double().T) <= MAX_REL
+    finally:
+        linear_module._onednn_available.cache_clear()  # the next caller probes the real build again

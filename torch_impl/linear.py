@@ -47,7 +47,7 @@ def _onednn_available() -> bool:
         ok = False
     if not ok:
         return False
-    if op.default not in flop_counter.flop_registry:
+    if op not in flop_counter.flop_registry:  # keyed by the overload packet
         flop_counter.register_flop_formula(op)(_linear_flops)
     return True
 

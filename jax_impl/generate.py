@@ -1,10 +1,10 @@
 """Autoregressive generation with a KV cache: prefill, then one token per step; greedy or sampled.
 
-Mirrors torch_impl/generate.py. Two jit-compiled functions with static shapes: `prefill` (the prompt,
-left-padded when rows differ in length, fills the cache and yields the first token) and `decode_step`
-(one token per row in, the next token out). The cache buffer is donated, so XLA updates it in place; the
-decode step compiles once per request shape, not once per step. Rows that reached an EOS id keep
-emitting it until every row is done or `max_new_tokens` is reached.
+Mirrors torch_impl/generate.py. Two jit-compiled functions with static shapes, built per model structure
+by `compiled_steps`: `prefill` (the prompt, left-padded when rows differ in length, fills the cache and
+yields the first token) and `decode_step` (one token per row in, the next token out). The cache buffer is
+donated, so XLA updates it in place; the decode step compiles once per request shape, not once per step.
+Rows that reached an EOS id keep emitting it until every row is done or `max_new_tokens` is reached.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from jax.tree_util import PyTreeDef
 
 from jax_impl.kv_cache import KVCache
 from jax_impl.model import CausalLM, causal_mask, default_positions
@@ -78,7 +79,7 @@ def _decode_step(graphdef, params: SamplingParams, state, cache: KVCache, token,
     return token, logits, cache.advance(1), key_valid, finished
 
 
-def step_functions(graphdef: nnx.GraphDef, treedef, params: SamplingParams) -> tuple[Callable, Callable]:
+def step_functions(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams) -> tuple[Callable, Callable]:
     """(prefill, decode_step) for one model structure and sampling setup, taking the state as its flat leaves.
 
     The graph definition, the state's tree structure and the sampling parameters are bound here rather than
@@ -103,7 +104,7 @@ DONATE_CACHE = dict(donate_argnums=(1,))
 
 
 @lru_cache(maxsize=16)
-def compiled_steps(graphdef: nnx.GraphDef, treedef, params: SamplingParams) -> tuple[Callable, Callable]:
+def compiled_steps(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams) -> tuple[Callable, Callable]:
     """The jit-compiled (prefill, decode_step): one per model structure and sampling setup, each compiling
     once per request shape (batch, prompt length, cache length)."""
     prefill, decode_step = step_functions(graphdef, treedef, params)

@@ -18,9 +18,7 @@ run (the read bandwidth benchmarks/cpu_decode.py uses for its weight-streaming l
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,22 +27,14 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from benchmarks.cpu_decode import matvec_bandwidths, median_time  # noqa: E402
+
 LAYERS = 28
 HIDDEN, Q_OUT, KV_OUT, INTER = 1024, 2048, 1024, 3072  # Qwen3-0.6B
 # (name, in, out); the input of each product is a slice of an earlier output, as in the real layer.
 PRODUCTS = (("q", HIDDEN, Q_OUT), ("k", HIDDEN, KV_OUT), ("v", HIDDEN, KV_OUT), ("o", Q_OUT, HIDDEN),
             ("gate_up", HIDDEN, 2 * INTER), ("down", INTER, HIDDEN))  # fmt: skip
 LAYER_BYTES = sum(i * o for _, i, o in PRODUCTS) * 4
-
-
-def median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up: compilation, allocator
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def layer_weights(rng: np.random.Generator) -> list[list[np.ndarray]]:
@@ -76,12 +66,8 @@ def jax_rates(weights: list[list[np.ndarray]], repeats: int) -> dict[str, float]
         placed = [[place(w) for w in layer] for layer in weights]  # a contiguous array in the variant's layout
         step = jax.jit(lambda x, ws, product=product: chain(x, ws, product))
         run = lambda step=step, placed=placed: step(x, placed).block_until_ready()  # noqa: E731
-        rates[name] = LAYERS * LAYER_BYTES / median_seconds(run, repeats)
+        rates[name] = LAYERS * LAYER_BYTES / median_time(run, repeats)
         del placed, run  # one layout's weights in memory at a time
-    big = jnp.asarray(np.random.default_rng(1).standard_normal((16384, 16384), np.float32))
-    mv = jax.jit(lambda m, v: m @ v)
-    v = jnp.ones((16384,), jnp.float32)
-    rates["jax 1 GiB matvec"] = big.nbytes / median_seconds(lambda: mv(big, v).block_until_ready(), repeats)
     return rates
 
 
@@ -96,10 +82,7 @@ def torch_rates(weights: list[list[np.ndarray]], repeats: int) -> dict[str, floa
     rates = {}
     with torch.inference_mode():
         for name, product in (("torch F.linear (MKL)", F.linear), ("torch oneDNN (torch_impl)", linear)):
-            rates[name] = LAYERS * LAYER_BYTES / median_seconds(lambda p=product: chain(x, placed, p), repeats)
-        big = torch.randn(16384, 16384)
-        v = torch.ones(16384)
-        rates["torch 1 GiB matvec"] = big.numel() * 4 / median_seconds(lambda: torch.mv(big, v), repeats)
+            rates[name] = LAYERS * LAYER_BYTES / median_time(lambda p=product: chain(x, placed, p), repeats)
     return rates
 
 
@@ -111,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{LAYERS} layers of Qwen3-0.6B GEMVs, {LAYERS * LAYER_BYTES / 1e9:.2f} GB float32, batch 1, "
           f"median of {args.repeats}")  # fmt: skip
     rates = {**jax_rates(weights, args.repeats), **torch_rates(weights, args.repeats)}
+    rates.update({f"{name} 1 GiB matvec": rate for name, rate in matvec_bandwidths(args.repeats).items()})
     limit = max(rates["jax 1 GiB matvec"], rates["torch 1 GiB matvec"])
     for name, rate in rates.items():
         print(f"  {name:34s} {rate / 1e9:6.1f} GB/s   {100 * rate / limit:4.0f}% of the best 1 GiB matvec")

@@ -7,12 +7,14 @@ emitting it (ignored afterwards) until every row is done or `max_new_tokens` is 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+from spec import ModelSpec
 from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
 from torch_impl.kv_cache import KVCache
 from torch_impl.model import CausalLM
@@ -54,39 +56,63 @@ def generate(
     `stream(step, tokens[B])` is called as each token is produced.
     """
     params = SamplingParams(temperature, top_k, top_p, seed)
+    device = model.model.embed_tokens.weight.device
+    generator = None if params.greedy else torch.Generator(device).manual_seed(params.seed)
+    logits_seen: list[np.ndarray] = []
+
+    def pick(last: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
+        logits = last.float()
+        if return_logits:
+            logits_seen.append(logits.cpu().numpy())
+        return sample(logits, params, generator)
+
+    eos = tuple(model.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    gen = decode_loop(model, model.spec, input_ids, max_new_tokens, attention_mask, eos, pick, stream)
+    return dataclasses.replace(gen, logits=logits_seen) if return_logits else gen
+
+
+def decode_loop(
+    model: torch.nn.Module,
+    cache_spec: ModelSpec,
+    input_ids: np.ndarray | torch.Tensor | Sequence[Sequence[int]],
+    max_new_tokens: int,
+    attention_mask: np.ndarray | None,
+    eos: tuple[int, ...],
+    pick: Callable[[torch.Tensor], torch.Tensor],
+    stream: Callable[[int, np.ndarray], None] | None,
+) -> Generation:
+    """The prefill and decode loop shared by `generate` and tensor_parallel.generate_tp (call it under
+    inference_mode). `model(ids, ...)` returns the last position's scores [B, 1, V] (or this rank's vocabulary
+    shard) and `pick` turns them into the next token ids [B]; the cache is sized by `cache_spec` (a rank's
+    spec holds its local kv heads)."""
     if torch.is_tensor(input_ids):
         input_ids = input_ids.cpu().numpy()
     prompts = prepare_prompts(input_ids, model.spec, max_new_tokens, attention_mask)
-    eos = tuple(model.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    device = model.model.embed_tokens.weight.device
+    weight = model.model.embed_tokens.weight
+    device = weight.device
     batch, prompt_len = prompts.ids.shape
-    cache = KVCache(model.spec, batch, prompt_len + max_new_tokens, model.model.embed_tokens.weight.dtype, device)
+    cache = KVCache(cache_spec, batch, prompt_len + max_new_tokens, weight.dtype, device)
     mask = torch.zeros(batch, prompt_len + max_new_tokens, dtype=torch.long, device=device)  # [B, S]
     mask[:, :prompt_len] = torch.as_tensor(prompts.mask)
-    generator = None if params.greedy else torch.Generator(device).manual_seed(params.seed)
     eos_t = torch.tensor(eos, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    steps, logits_seen = [], []
+    steps = []
 
     start = time.perf_counter()
     ids = torch.as_tensor(prompts.ids, device=device)
-    logits = model(ids, attention_mask=mask[:, :prompt_len], cache=cache, last_only=True)[:, -1].float()
+    last = model(ids, attention_mask=mask[:, :prompt_len], cache=cache, last_only=True)[:, -1]  # [B, V]
     prefill_done = time.perf_counter()
     for step in range(max_new_tokens):
-        token = sample(logits, params, generator)  # [B]
+        token = pick(last)  # [B]
         token = torch.where(finished, eos_t[0] if eos else token, token)
         finished |= torch.isin(token, eos_t)
         steps.append(token.cpu().numpy())
-        if return_logits:
-            logits_seen.append(logits.cpu().numpy())
         if stream is not None:
             stream(step, steps[-1])
-        if step == max_new_tokens - 1 or bool(finished.all()):
+        if step == max_new_tokens - 1 or bool(finished.all()):  # under TP tokens agree: ranks stop together
             break
         mask[:, prompt_len + step] = 1
-        logits = model(token[:, None], attention_mask=mask[:, : prompt_len + step + 1], cache=cache, last_only=True)
-        logits = logits[:, -1].float()  # [B, V]
+        last = model(token[:, None], attention_mask=mask[:, : prompt_len + step + 1], cache=cache, last_only=True)
+        last = last[:, -1]  # [B, V]
     end = time.perf_counter()
-    return Generation(
-        collect_tokens(steps, eos), prefill_done - start, end - prefill_done, logits_seen if return_logits else None
-    )
+    return Generation(collect_tokens(steps, eos), prefill_done - start, end - prefill_done, None)

@@ -24,7 +24,6 @@ calls `from_pretrained_tp` and `generate_tp`) or by torch_impl/tp_launch.py's `r
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,11 +33,10 @@ import torch.distributed as dist
 from torch import nn
 
 from spec import Checkpoint, ConfigError, ModelSpec, runtime_params
-from spec.generation import Generation, SamplingParams, collect_tokens, eos_token_ids, prepare_prompts
+from spec.generation import Generation, SamplingParams, eos_token_ids
 from spec.parallel import check_tp_degree, padded_vocab
 from spec.params import NORM
-from torch_impl.generate import sample
-from torch_impl.kv_cache import KVCache
+from torch_impl.generate import decode_loop, sample
 from torch_impl.linear import linear
 from torch_impl.loader import DTYPES, to_torch
 from torch_impl.model import CausalLM
@@ -241,22 +239,12 @@ def generate_tp(
     request). Every rank returns the same Generation.
     """
     params = SamplingParams(temperature, top_k, top_p, seed)
-    if torch.is_tensor(input_ids):
-        input_ids = input_ids.cpu().numpy()
-    prompts = prepare_prompts(input_ids, model.spec, max_new_tokens, attention_mask)
-    eos = tuple(model.eos_token_ids if eos_token_ids is None else eos_token_ids)
     weight = model.model.embed_tokens.weight
-    device, v, group = weight.device, model.spec.vocab_size, model.group
-    batch, prompt_len = prompts.ids.shape
-    cache = KVCache(model.shard_spec, batch, prompt_len + max_new_tokens, weight.dtype, device)  # local kv heads
-    mask = torch.zeros(batch, prompt_len + max_new_tokens, dtype=torch.long, device=device)  # [B, S]
-    mask[:, :prompt_len] = torch.as_tensor(prompts.mask)
-    generator = None if params.greedy else torch.Generator(device).manual_seed(params.seed)
-    eos_t = torch.tensor(eos, dtype=torch.long, device=device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    steps, logits_seen = [], []
+    v, group = model.spec.vocab_size, model.group
+    generator = None if params.greedy else torch.Generator(weight.device).manual_seed(params.seed)
+    logits_seen: list[np.ndarray] = []
 
-    def next_token(local: torch.Tensor) -> torch.Tensor:  # local [B, shard] -> [B], the same on every rank
+    def pick(local: torch.Tensor) -> torch.Tensor:  # local [B, shard] -> [B], the same on every rank
         if return_logits:
             logits_seen.append(gather_logits(local, v, group).float().cpu().numpy())
         if params.greedy:
@@ -265,23 +253,6 @@ def generate_tp(
         dist.broadcast(token, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         return token
 
-    start = time.perf_counter()
-    ids = torch.as_tensor(prompts.ids, device=device)
-    local = model(ids, attention_mask=mask[:, :prompt_len], cache=cache, last_only=True)[:, -1]  # [B, shard]
-    prefill_done = time.perf_counter()
-    for step in range(max_new_tokens):
-        token = next_token(local)
-        token = torch.where(finished, eos_t[0] if eos else token, token)
-        finished |= torch.isin(token, eos_t)
-        steps.append(token.cpu().numpy())
-        if stream is not None:
-            stream(step, steps[-1])
-        if step == max_new_tokens - 1 or bool(finished.all()):  # tokens agree, so every rank stops together
-            break
-        mask[:, prompt_len + step] = 1
-        local = model(token[:, None], attention_mask=mask[:, : prompt_len + step + 1], cache=cache, last_only=True)
-        local = local[:, -1]  # [B, shard]
-    end = time.perf_counter()
-    return Generation(
-        collect_tokens(steps, eos), prefill_done - start, end - prefill_done, logits_seen if return_logits else None
-    )
+    eos = tuple(model.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    gen = decode_loop(model, model.shard_spec, input_ids, max_new_tokens, attention_mask, eos, pick, stream)
+    return dataclasses.replace(gen, logits=logits_seen) if return_logits else gen

@@ -4,7 +4,8 @@ A batch-1 decode step is 28 layers of matrix-vector products (Qwen3-0.6B: q, k, 
 layer, 1.68 GB of float32 weights), each weight read once. This script runs exactly those products, chained
 layer by layer over distinct weights (nothing stays in cache), in each way the two backends could run them:
 
-- jax, Flax layout:   x @ W   with W [in, out]   (nnx.Linear's kernel; what jax_impl runs)
+- jax, Flax layout:   x @ W   with W [in, out]   (nnx.Linear's kernel, XLA's single dot)
+- jax, Flax, split:   the same product as 8 row blocks of W and a sum (jax_impl/linear.py; what jax_impl runs)
 - jax, torch layout:  x @ W^T with W [out, in]   (the same product on the checkpoint's layout)
 - torch, F.linear:    MKL's float32 GEMM/GEMV    (what nn.Linear, hence transformers, runs on CPU)
 - torch, oneDNN:      torch.ops.mkldnn._linear_pointwise (what torch_impl/linear.py runs for float32)
@@ -18,7 +19,9 @@ run (the read bandwidth benchmarks/cpu_decode.py uses for its weight-streaming l
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,13 +30,14 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from benchmarks.cpu_decode import matvec_bandwidths, median_time  # noqa: E402
+from benchmarks.cpu_decode import matvec_bandwidths  # noqa: E402
 
 LAYERS = 28
 HIDDEN, Q_OUT, KV_OUT, INTER = 1024, 2048, 1024, 3072  # Qwen3-0.6B
 # (name, in, out); the input of each product is a slice of an earlier output, as in the real layer.
 PRODUCTS = (("q", HIDDEN, Q_OUT), ("k", HIDDEN, KV_OUT), ("v", HIDDEN, KV_OUT), ("o", Q_OUT, HIDDEN),
             ("gate_up", HIDDEN, 2 * INTER), ("down", INTER, HIDDEN))  # fmt: skip
+LINEAR_DIMS = (((1,), (0,)), ((), ()))  # nnx.Linear's dimension numbers: x[m, in] @ W[in, out]
 LAYER_BYTES = sum(i * o for _, i, o in PRODUCTS) * 4
 
 
@@ -51,24 +55,40 @@ def chain(x, weights, product: Callable):
     return x
 
 
+def interleaved_medians(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each run, the runs taken in turn: a drift in the machine's bandwidth (these VMs
+    drift by 10-20% within a minute) then hits every variant alike instead of whichever ran during it."""
+    for run in runs.values():
+        run()  # warm-up: compilation, allocator, caches
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def jax_rates(weights: list[list[np.ndarray]], repeats: int) -> dict[str, float]:
     import jax
     import jax.numpy as jnp
 
+    from jax_impl.linear import dot_general
+
     x = jnp.ones((1, HIDDEN), jnp.float32)
     hi = jax.lax.Precision.HIGHEST
-    rates = {}
+    flax = [[jnp.asarray(w.T) for w in layer] for layer in weights]  # contiguous [in, out] arrays
+    torch_layout = [[jnp.asarray(w) for w in layer] for layer in weights]  # contiguous [out, in] arrays
     variants = {
-        "jax x @ W, W [in, out] (Flax)": (lambda w: jnp.asarray(w.T), lambda x, w: jnp.dot(x, w, precision=hi)),
-        "jax x @ W^T, W [out, in] (torch)": (jnp.asarray, lambda x, w: jnp.einsum("bi,oi->bo", x, w, precision=hi)),
+        "jax x @ W, W [in, out] (Flax)": (flax, lambda x, w: jnp.dot(x, w, precision=hi)),
+        "jax x @ W split (jax_impl)": (flax, lambda x, w: dot_general(x, w, LINEAR_DIMS, precision=hi)),
+        "jax x @ W^T, W [out, in] (torch)": (torch_layout, lambda x, w: jnp.einsum("bi,oi->bo", x, w, precision=hi)),
     }
-    for name, (place, product) in variants.items():
-        placed = [[place(w) for w in layer] for layer in weights]  # a contiguous array in the variant's layout
+    runs = {}
+    for name, (placed, product) in variants.items():
         step = jax.jit(lambda x, ws, product=product: chain(x, ws, product))
-        run = lambda step=step, placed=placed: step(x, placed).block_until_ready()  # noqa: E731
-        rates[name] = LAYERS * LAYER_BYTES / median_time(run, repeats)
-        del placed, run  # one layout's weights in memory at a time
-    return rates
+        runs[name] = lambda step=step, placed=placed: step(x, placed).block_until_ready()
+    return {name: LAYERS * LAYER_BYTES / t for name, t in interleaved_medians(runs, repeats).items()}
 
 
 def torch_rates(weights: list[list[np.ndarray]], repeats: int) -> dict[str, float]:
@@ -79,11 +99,10 @@ def torch_rates(weights: list[list[np.ndarray]], repeats: int) -> dict[str, floa
 
     x = torch.ones(1, HIDDEN)
     placed = [[torch.from_numpy(w) for w in layer] for layer in weights]  # [out, in], shared with numpy
-    rates = {}
+    runs = {"torch F.linear (MKL)": lambda: chain(x, placed, F.linear),
+            "torch oneDNN (torch_impl)": lambda: chain(x, placed, linear)}  # fmt: skip
     with torch.inference_mode():
-        for name, product in (("torch F.linear (MKL)", F.linear), ("torch oneDNN (torch_impl)", linear)):
-            rates[name] = LAYERS * LAYER_BYTES / median_time(lambda p=product: chain(x, placed, p), repeats)
-    return rates
+        return {name: LAYERS * LAYER_BYTES / t for name, t in interleaved_medians(runs, repeats).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, rate in rates.items():
         print(f"  {name:34s} {rate / 1e9:6.1f} GB/s   {100 * rate / limit:4.0f}% of the best 1 GiB matvec")
     flax, torch_layout = rates["jax x @ W, W [in, out] (Flax)"], rates["jax x @ W^T, W [out, in] (torch)"]
+    split = rates["jax x @ W split (jax_impl)"]
     mkl, onednn = rates["torch F.linear (MKL)"], rates["torch oneDNN (torch_impl)"]
-    print(f"  jax: torch layout / Flax layout x{torch_layout / flax:.2f};  torch: oneDNN / MKL x{onednn / mkl:.2f}")
+    print(f"  jax: split / single dot x{split / flax:.2f}, torch layout / Flax layout x{torch_layout / flax:.2f};  "
+          f"torch: oneDNN / MKL x{onednn / mkl:.2f}")  # fmt: skip
     return 0
 
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_impl.layernorm import RMSNorm
+from jax_impl.linear import Linear
 from jax_impl.rotary_embedding import apply_rotary
 from spec import ModelSpec
 
@@ -63,10 +64,10 @@ class Attention(nnx.Module):
         self.scale = spec.head_dim**-0.5
         h, q_out, kv_out = spec.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         kw = dict(dtype=dtype, param_dtype=dtype, precision=HIGHEST, rngs=rngs)
-        self.q_proj = nnx.Linear(h, q_out, use_bias=spec.attention_bias, **kw)
-        self.k_proj = nnx.Linear(h, kv_out, use_bias=spec.attention_bias, **kw)
-        self.v_proj = nnx.Linear(h, kv_out, use_bias=spec.attention_bias, **kw)
-        self.o_proj = nnx.Linear(q_out, h, use_bias=False, **kw)
+        self.q_proj = Linear(h, q_out, use_bias=spec.attention_bias, **kw)
+        self.k_proj = Linear(h, kv_out, use_bias=spec.attention_bias, **kw)
+        self.v_proj = Linear(h, kv_out, use_bias=spec.attention_bias, **kw)
+        self.o_proj = Linear(q_out, h, use_bias=False, **kw)
         if spec.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
             self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, dtype=dtype, kernels=kernels)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_impl.activation import SiluAndMul
+from jax_impl.linear import Linear
 from spec import ModelSpec
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -30,9 +31,9 @@ class MLP(nnx.Module):
         self.layer_idx = layer_idx
         self.shards = shards  # > 1: gate_up columns are grouped per shard as [gate_r | up_r] (sharding.py)
         kw = dict(use_bias=False, dtype=dtype, param_dtype=dtype, precision=HIGHEST, rngs=rngs)
-        self.gate_up_proj = nnx.Linear(spec.hidden_size, 2 * spec.intermediate_size, **kw)
+        self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, **kw)
         self.act_fn = SiluAndMul(kernels=kernels)
-        self.down_proj = nnx.Linear(spec.intermediate_size, spec.hidden_size, **kw)
+        self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, **kw)
 
     def __call__(self, x: jax.Array, trace: dict[str, jax.Array] | None = None) -> jax.Array:
         gate_up = self.gate_up_proj(x)  # [B, T, 2I]

@@ -18,6 +18,7 @@ from flax import nnx
 from jax_impl.decoder_layer import DecoderLayer
 from jax_impl.embedding import HIGHEST, Embedding
 from jax_impl.layernorm import RMSNorm
+from jax_impl.linear import Linear
 from jax_impl.rotary_embedding import RotaryEmbedding
 from kernels import resolve_kernels
 from spec import InputError, ModelSpec, check_token_ids
@@ -99,7 +100,7 @@ class CausalLM(nnx.Module):
         if spec.tie_word_embeddings:
             self.lm_head = None  # tied: logits come from model.embed_tokens.attend, the one table
         else:
-            self.lm_head = nnx.Linear(
+            self.lm_head = Linear(
                 spec.hidden_size,
                 padded_vocab(spec, shards),
                 use_bias=False,

@@ -1,7 +1,7 @@
 """`linear(x, weight, bias)` and the `Linear` module built on it: one 2-D product whatever x's leading dims.
 
-torch-only detail (jax_impl uses nnx.Linear directly: XLA's dot treats leading dims as free dims). Two CPU
-choices, both measured on the 2-core AMD EPYC machine this project runs CI on (benchmarks/cpu_decode.py
+Mirrors jax_impl/linear.py, where XLA's dot needs neither choice below but the Flax [in, out] kernel needs
+its own. Two CPU choices, both measured on the 2-core AMD EPYC machine this project runs CI on (benchmarks/cpu_decode.py
 shows the effect end to end):
 
 - 2-D, always: F.linear on a 3-D [B, T, in] input goes through a batched-matmul path; for a decode step

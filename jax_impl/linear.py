@@ -2,7 +2,7 @@
 
 Mirrors torch_impl/linear.py: each backend's CPU choice for the same projections. The parameters are
 nnx.Linear's own, so the loader, sharding rules and checkpoints see no difference; only `dot_general`
-changes, and only for float32 products of at most SPLIT_MAX_ROWS rows on the CPU:
+changes, and only for float32 products of one token row (batch-1 decode) on the CPU:
 
 x [m, in] @ W [in, out] streams W, and XLA:CPU's dot does that at 20-26 GB/s on the 2-core AMD EPYC this
 project runs CI on for the tall, narrow weights of a decode step (o_proj [2048, 1024], down_proj
@@ -10,8 +10,8 @@ project runs CI on for the tall, narrow weights of a decode step (o_proj [2048, 
 SPLIT_CHUNKS contiguous row blocks of W (a reshape, no copy: [in, out] -> [c, in/c, out]), one batched
 product per block and a sum of the c partial rows streams those weights at 26-29 GB/s. All 28 layers of
 Qwen3-0.6B's products (benchmarks/gemv_layout.py, variants interleaved): 26.2 GB/s single dot, 30.3 GB/s
-split, 31.8 GB/s on the [out, in] layout; a whole decode step gains 7-10%. Prefill-sized inputs keep the
-single dot, which is compute-bound and would only gain c partial [m, out] results to write and add.
+split, 31.8 GB/s on the [out, in] layout; a whole decode step gains 7-10%. With 2-4 rows XLA's dot runs at
+14-16 GB/s whether split or not (measured), and prefill is compute-bound, so those keep the single dot.
 
 The partial products accumulate in float32 and their sum is float32 too; the result differs from the single
 dot only by summation order (max error vs a float64 product of the same order, tests/jax_impl/test_linear.py).
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-SPLIT_MAX_ROWS = 8  # decode steps up to batch 8: weight streaming dominates
+SPLIT_MAX_ROWS = 1  # batch-1 decode: 2-4 rows measured no faster split
 SPLIT_CHUNKS = 8  # 128-384 rows per block for Qwen3-0.6B's in-features; 4-16 measured within noise
 
 

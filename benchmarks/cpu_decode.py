@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +29,22 @@ import spec  # noqa: E402
 from benchmarks.qwen3_shape import qwen3_0_6b_checkpoint  # noqa: E402
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up: compilation, allocator, caches
-    times = []
+def interleaved_medians(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each run, the runs taken in turn: a drift in the machine's bandwidth (these VMs
+    drift by 10-20% within a minute) then hits every variant alike instead of whichever ran during it."""
+    for run in runs.values():
+        run()  # warm-up: compilation, allocator, caches
+    times = {name: [] for name in runs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    return interleaved_medians({"": fn}, repeats)[""]
 
 
 def matvec_bandwidths(repeats: int) -> dict[str, float]:

@@ -19,9 +19,7 @@ run (the read bandwidth benchmarks/cpu_decode.py uses for its weight-streaming l
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +28,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from benchmarks.cpu_decode import matvec_bandwidths  # noqa: E402
+from benchmarks.cpu_decode import interleaved_medians, matvec_bandwidths  # noqa: E402
 
 LAYERS = 28
 HIDDEN, Q_OUT, KV_OUT, INTER = 1024, 2048, 1024, 3072  # Qwen3-0.6B
@@ -53,20 +51,6 @@ def chain(x, weights, product: Callable):
         gate_up = product(x, gu_w)
         x = x + product(q, o_w) + product(gate_up[:, :INTER], down_w) + 1e-3 * (k + v)
     return x
-
-
-def interleaved_medians(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of each run, the runs taken in turn: a drift in the machine's bandwidth (these VMs
-    drift by 10-20% within a minute) then hits every variant alike instead of whichever ran during it."""
-    for run in runs.values():
-        run()  # warm-up: compilation, allocator, caches
-    times = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def jax_rates(weights: list[list[np.ndarray]], repeats: int) -> dict[str, float]:

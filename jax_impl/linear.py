@@ -19,6 +19,8 @@ dot only by summation order (max error vs a float64 product of the same order, t
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -30,15 +32,12 @@ SPLIT_CHUNKS = 8  # 128-384 rows per block for Qwen3-0.6B's in-features; 4-16 me
 def splits_contraction(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding) -> bool:
     """True when `dot_general` computes this product as SPLIT_CHUNKS partial products (see the docstring)."""
     linear_form = dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ()))  # nnx.Linear's: x[..., in] @ W[in, out]
-    rows = 1
-    for n in lhs.shape[:-1]:
-        rows *= n
     return (
         linear_form
         and rhs.ndim == 2
         and out_sharding is None
         and lhs.dtype == rhs.dtype == jnp.float32
-        and rows <= SPLIT_MAX_ROWS
+        and math.prod(lhs.shape[:-1]) <= SPLIT_MAX_ROWS  # token rows
         and rhs.shape[0] % SPLIT_CHUNKS == 0
         and jax.default_backend() == "cpu"
     )
@@ -52,7 +51,7 @@ def dot_general(
     preferred_element_type=None,
     out_sharding=None,
 ) -> jax.Array:
-    """jax.lax.dot_general, except x[..., in] @ W[in, out] with few rows of x runs as a split contraction."""
+    """jax.lax.dot_general, except x[..., in] @ W[in, out] with one row of x runs as a split contraction."""
     if not splits_contraction(lhs, rhs, dimension_numbers, out_sharding):
         return jax.lax.dot_general(
             lhs,

@@ -35,7 +35,7 @@ class Capture:
 def prepare_kernels(kernels: str) -> None:
     """Make `kernels="fused"` runnable on a machine without a GPU: interpret Triton on the CPU.
 
-    Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when kernels.triton.add_rms_norm is first
+    Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when kernels.triton.rms_norm is first
     imported, so this must run before that import (the CLI calls it before loading any model). An explicit
     TRITON_INTERPRET from the user wins. Pallas needs nothing: it picks interpret mode per call on CPU.
     """
@@ -45,7 +45,7 @@ def prepare_kernels(kernels: str) -> None:
 
     if torch.cuda.is_available():
         return
-    if "kernels.triton.add_rms_norm" in sys.modules or "kernels.triton.silu_and_mul" in sys.modules:
+    if "kernels.triton.rms_norm" in sys.modules or "kernels.triton.swiglu" in sys.modules:
         return  # already decorated: the kernel's own launch check explains what to do
     os.environ["TRITON_INTERPRET"] = "1"
 

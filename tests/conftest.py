@@ -1,7 +1,7 @@
 """Shared fixtures (the built-in default checkpoint, transformers-written checkpoints) and kernel mode.
 
 Without a GPU the fused Triton kernels run in interpret mode. Triton reads TRITON_INTERPRET when a kernel
-is decorated, i.e. when kernels.triton.add_rms_norm is first imported, so it is set here, before any test
+is decorated, i.e. when kernels.triton.rms_norm is first imported, so it is set here, before any test
 module imports it. setdefault: an explicit TRITON_INTERPRET=0/1 from the user wins. Pallas needs nothing:
 it decides per call from the input's device.
 """

@@ -12,8 +12,6 @@ that says so.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from kernels.triton.reference import add_rms_norm_reference, silu_and_mul_reference
@@ -21,35 +19,18 @@ from kernels.triton.reference import add_rms_norm_reference, silu_and_mul_refere
 if TYPE_CHECKING:
     import torch
 
-    from kernels.triton.add_rms_norm import add_rms_norm
-    from kernels.triton.silu_and_mul import silu_and_mul
+    from kernels.triton.rms_norm import add_rms_norm
+    from kernels.triton.swiglu import silu_and_mul
 
 __all__ = ["add_rms_norm", "add_rms_norm_reference", "silu_and_mul", "silu_and_mul_reference"]
 
-_LAZY = {"add_rms_norm": "kernels.triton.add_rms_norm", "silu_and_mul": "kernels.triton.silu_and_mul"}
+_LAZY = {"add_rms_norm": "kernels.triton.rms_norm", "silu_and_mul": "kernels.triton.swiglu"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)  # the import stores it (see below)
+        return getattr(importlib.import_module(_LAZY[name]), name)  # modules rms_norm / swiglu: no shadowing
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class _Package(types.ModuleType):
-    """Keeps `kernels.triton.add_rms_norm` the *function* once the submodule of the same name is imported.
-
-    Importing a submodule makes Python set it as an attribute of its package, which would shadow the
-    function of the same name. Use `from kernels.triton.add_rms_norm import ...` or importlib to reach
-    the module itself.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def is_interpreted(kernel: Any) -> bool:

@@ -21,8 +21,8 @@ jnp = jax.numpy
 from kernels.pallas import add_rms_norm, add_rms_norm_reference, silu_and_mul, silu_and_mul_reference  # noqa: E402
 from tests.kernels.tolerances import assert_within_tolerance, sample_inputs  # noqa: E402
 
-arn_module = importlib.import_module("kernels.pallas.add_rms_norm")
-sam_module = importlib.import_module("kernels.pallas.silu_and_mul")
+arn_module = importlib.import_module("kernels.pallas.rms_norm")
+sam_module = importlib.import_module("kernels.pallas.swiglu")
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 WIDTHS = (1, 123, 1000, 896, 1024, 1536, 3072)

@@ -27,8 +27,8 @@ from kernels.triton import (  # noqa: E402
 )
 from tests.kernels.tolerances import assert_within_tolerance, sample_inputs  # noqa: E402
 
-arn_module = importlib.import_module("kernels.triton.add_rms_norm")
-sam_module = importlib.import_module("kernels.triton.silu_and_mul")
+arn_module = importlib.import_module("kernels.triton.rms_norm")
+sam_module = importlib.import_module("kernels.triton.swiglu")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -261,8 +261,8 @@ import importlib
 import triton
 from triton.backends.compiler import GPUTarget
 
-arn = importlib.import_module("kernels.triton.add_rms_norm")
-sam = importlib.import_module("kernels.triton.silu_and_mul")
+arn = importlib.import_module("kernels.triton.rms_norm")
+sam = importlib.import_module("kernels.triton.swiglu")
 target = GPUTarget("cuda", 90, 32)  # sm_90 (Hopper): ptxas ships with triton, no GPU needed
 for dtype, width in [("bf16", 123), ("fp16", 4096), ("fp32", 9728), ("bf16", 65536)]:
     cfg = arn._block_config(width)

@@ -18,7 +18,7 @@ from parity.compare import judge
 from tests.hf_models import HF_CONFIGS
 
 HAS_FUSED = importlib.util.find_spec("triton") is not None and all(
-    importlib.util.find_spec(m) is not None for m in ("kernels.triton.add_rms_norm", "kernels.pallas.silu_and_mul")
+    importlib.util.find_spec(m) is not None for m in ("kernels.triton.rms_norm", "kernels.pallas.swiglu")
 )
 
 

@@ -1,5 +1,5 @@
 """SwiGLU's activation, silu(gate) * up on a merged [..., 2I] input, as a Pallas kernel (JAX).
-Twin of kernels/triton/silu_and_mul.py.
+Twin of kernels/triton/swiglu.py.
 
 Contract and numerics: kernels/pallas/reference.py::silu_and_mul_reference (gate is the first half, up the
 second; computed in fp32, cast to the activation dtype once). Three layers, like the Triton twin:
@@ -9,7 +9,7 @@ second; computed in fp32, cast to the activation dtype once). Three layers, like
     silu_and_mul           the public entry point; jax.custom_vjp (backward = the reference's gradient)
 
 Elementwise, so the columns are tiled too: any I works, with no cap on the width. The refs are whole
-arrays addressed with pl.ds and masks, as in kernels/pallas/add_rms_norm.py (see there for why).
+arrays addressed with pl.ds and masks, as in kernels/pallas/rms_norm.py (see there for why).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """SwiGLU's activation, silu(gate) * up on a merged [..., 2I] input, as a Triton kernel (PyTorch).
-Twin of kernels/pallas/silu_and_mul.py.
+Twin of kernels/pallas/swiglu.py.
 
 Contract and numerics: kernels/triton/reference.py::silu_and_mul_reference (gate is the first half, up the
 second; computed in fp32, cast to the activation dtype once). Three layers, Liger-Kernel style:
@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from kernels.triton import as_rows, check_launchable
-from kernels.triton.add_rms_norm import round_to_dtype
 from kernels.triton.reference import check_silu_and_mul_args, silu_and_mul_reference
+from kernels.triton.rms_norm import round_to_dtype
 
 __all__ = ["silu_and_mul"]
 

@@ -1,4 +1,4 @@
-"""Fused residual add + RMSNorm as a Pallas kernel (JAX). Twin of kernels/triton/add_rms_norm.py.
+"""Fused residual add + RMSNorm as a Pallas kernel (JAX). Twin of kernels/triton/rms_norm.py.
 
 Contract and numerics: kernels/pallas/reference.py::add_rms_norm_reference (DESIGN.md, "Numerics contract
 of add_rms_norm"). Three layers, like the Triton twin:

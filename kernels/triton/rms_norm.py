@@ -1,4 +1,4 @@
-"""Fused residual add + RMSNorm as a Triton kernel (PyTorch). Twin of kernels/pallas/add_rms_norm.py.
+"""Fused residual add + RMSNorm as a Triton kernel (PyTorch). Twin of kernels/pallas/rms_norm.py.
 
 Contract and numerics: kernels/triton/reference.py::add_rms_norm_reference (DESIGN.md, "Numerics contract
 of add_rms_norm"). Three layers, Liger-Kernel style:

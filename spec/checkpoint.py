@@ -18,6 +18,7 @@ import numpy as np
 
 from spec.config import ModelSpec
 from spec.errors import CheckpointError
+from spec.parallel import ShardLayout, shard_of
 from spec.params import ParamEntry, param_table, runtime_groups
 from spec.progress import Progress
 from spec.safetensors_io import SafetensorsFile, write_safetensors
@@ -88,13 +89,19 @@ class Checkpoint:
 
 
 def runtime_params(
-    checkpoint: Checkpoint, spec: ModelSpec, dtype: np.dtype | None = None, *, progress: bool = False
+    checkpoint: Checkpoint,
+    spec: ModelSpec,
+    dtype: np.dtype | None = None,
+    *,
+    progress: bool = False,
+    layout: ShardLayout | None = None,
 ) -> Iterator[tuple[str, str, str, np.ndarray]]:
     """Yield (module, role, kind, array) for every runtime parameter, packed (and cast to `dtype` if given).
 
     The checkpoint is validated first (all problems in one error). Arrays are in torch layout; a Flax
     loader transposes LINEAR kinds. Casting happens here, one tensor at a time, so peak host memory
-    stays near one tensor beyond the model itself.
+    stays near one tensor beyond the model itself. With a tensor-parallel `layout`, each array is that
+    rank's slice (spec/parallel.py), cut from the memory map before anything is read.
     """
     from spec.validate import validate_checkpoint  # validate imports this module
 
@@ -103,7 +110,7 @@ def runtime_params(
     total_bytes = sum(checkpoint.nbytes(e.name) for entries in groups.values() for e in entries)
     bar = Progress(total_bytes, f"loading {checkpoint.directory.name}", enabled=progress, unit="B")
     for (module, role), entries in groups.items():
-        arrays = [_cast(checkpoint.get(e.name), dtype) for e in entries]
+        arrays = [_cast(shard_of(checkpoint.get(e.name), e, layout), dtype) for e in entries]
         array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)  # [parts * out, in]
         bar.update(sum(checkpoint.nbytes(e.name) for e in entries))
         yield module, role, entries[0].kind, array

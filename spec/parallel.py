@@ -1,34 +1,139 @@
-"""Tensor-parallel degree checks shared by both backends (jax_impl/sharding.py, torch_impl/tensor_parallel.py).
+"""Tensor parallelism from the partition table: what each rank holds, read by both backends.
 
-Framework-neutral, so a bad degree gets the same message from either backend and from the CLI before any
-device or process is set up.
+Framework-neutral (docs/design.md, "The partition table"). `ShardLayout` says which heads, kv heads,
+intermediate features and vocabulary rows rank `rank` of `tp` holds; `shard_of` cuts a checkpoint tensor
+(a memory-mapped view, so only the slice is ever read) by its `placement` and `units` in spec/params.py.
+torch_impl builds each rank's modules from `local_spec` (one process per rank); jax_impl builds one global
+model from `global_spec` and places every device's slice, so the two read the same bytes per rank.
+
+The rules, once: a COLUMN or ROW tensor's split axis holds `units` equal blocks (heads, kv heads,
+features); when `tp` divides them a rank takes a contiguous run of blocks, and when `tp` is a multiple of
+them (kv heads only) the blocks are replicated: rank r takes block r * units // tp, the kv head its query
+heads read. VOCAB rows are padded with zeros to a multiple of `tp` (the padded logits are masked to -inf).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from spec.config import ModelSpec
 from spec.errors import ConfigError
+from spec.params import COLUMN, REPLICATED, ROW, VOCAB, ParamEntry
 
 
-def check_tp_degree(spec: ModelSpec, tp_size: int) -> None:
-    """Raise a ConfigError naming every dimension that `tp_size` cannot split (the vocabulary is padded)."""
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        raise ConfigError(f"tensor-parallel degree must be a positive integer, got {tp_size!r}")
+def check_tp_degree(spec: ModelSpec, tp: int) -> None:
+    """Raise a ConfigError naming every dimension that `tp` cannot split (the vocabulary is padded)."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"tensor-parallel degree must be a positive integer, got {tp!r}")
     problems = []
-    if spec.num_attention_heads % tp_size:
+    if spec.num_attention_heads % tp:
         problems.append(f"it does not divide num_attention_heads={spec.num_attention_heads}")
     n_kv = spec.num_key_value_heads
-    if n_kv % tp_size and tp_size % n_kv:
+    if n_kv % tp and tp % n_kv:
         problems.append(
             f"it neither divides num_key_value_heads={n_kv} nor is a multiple of it "
             "(kv heads are split when it divides them, replicated when it is a multiple)"
         )
-    if spec.intermediate_size % tp_size:
+    if spec.intermediate_size % tp:
         problems.append(f"it does not divide intermediate_size={spec.intermediate_size}")
     if problems:
-        raise ConfigError(f"tensor-parallel degree {tp_size} does not fit this model: " + "; ".join(problems))
+        raise ConfigError(f"tensor-parallel degree {tp} does not fit this model: " + "; ".join(problems))
 
 
-def padded_vocab(spec: ModelSpec, tp_size: int) -> int:
+def padded_vocab(spec: ModelSpec, tp: int) -> int:
     """The vocabulary rounded up to a multiple of the degree; padding rows are zero, their logits -inf."""
-    return -(-spec.vocab_size // tp_size) * tp_size
+    return -(-spec.vocab_size // tp) * tp
+
+
+def blocks(units: int, tp: int, rank: int) -> range:
+    """The blocks of a split axis that `rank` holds: a contiguous run, or the one replicated block."""
+    if units % tp == 0:
+        n = units // tp
+        return range(rank * n, (rank + 1) * n)
+    first = rank * units // tp  # tp is a multiple of units: replicated, the block this rank's heads read
+    return range(first, first + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardLayout:
+    """What rank `rank` of `tp` holds of the full `spec`; tp = 1 is the unsharded model."""
+
+    spec: ModelSpec
+    tp: int
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        check_tp_degree(self.spec, self.tp)
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < self.tp:
+            raise ConfigError(f"tensor-parallel rank {self.rank!r} is outside [0, {self.tp})")
+
+    @property
+    def heads(self) -> range:
+        return blocks(self.spec.num_attention_heads, self.tp, self.rank)
+
+    @property
+    def kv_heads(self) -> range:
+        return blocks(self.spec.num_key_value_heads, self.tp, self.rank)
+
+    @property
+    def intermediate(self) -> range:
+        return blocks(self.spec.intermediate_size, self.tp, self.rank)
+
+    @property
+    def padded_vocab(self) -> int:
+        return padded_vocab(self.spec, self.tp)
+
+    @property
+    def vocab_shard(self) -> int:
+        return self.padded_vocab // self.tp
+
+    @property
+    def vocab_start(self) -> int:
+        return self.rank * self.vocab_shard
+
+    @property
+    def local_spec(self) -> ModelSpec:
+        """The spec of one rank's modules (torch_impl): local heads / local kv heads still form the groups."""
+        return dataclasses.replace(
+            self.spec,
+            num_attention_heads=len(self.heads),
+            num_key_value_heads=len(self.kv_heads),
+            intermediate_size=len(self.intermediate),
+            vocab_size=self.vocab_shard,
+        )
+
+    @property
+    def global_spec(self) -> ModelSpec:
+        """The spec of all ranks' modules side by side (jax_impl's one global model): replicated kv heads
+        count once per rank, and the vocabulary is padded. tp = 1 gives `spec` itself."""
+        return dataclasses.replace(
+            self.spec,
+            num_key_value_heads=len(self.kv_heads) * self.tp,
+            vocab_size=self.padded_vocab,
+        )
+
+
+def split_axis(entry: ParamEntry) -> int | None:
+    """The axis of the checkpoint tensor (torch layout) that `entry`'s placement splits; None if replicated."""
+    return {COLUMN: 0, VOCAB: 0, ROW: 1, REPLICATED: None}[entry.placement]
+
+
+def shard_of(array: np.ndarray, entry: ParamEntry, layout: ShardLayout | None) -> np.ndarray:
+    """This rank's slice of one checkpoint tensor (a view where no padding is needed: nothing is read yet)."""
+    axis = split_axis(entry)
+    if layout is None or layout.tp == 1 or axis is None:
+        return array
+    if entry.placement == VOCAB:
+        rows = array[layout.vocab_start : layout.vocab_start + layout.vocab_shard]
+        pad = layout.vocab_shard - rows.shape[0]
+        return np.concatenate([rows, np.zeros((pad, *rows.shape[1:]), rows.dtype)]) if pad else rows
+    width = array.shape[axis] // entry.units  # one block: a head's d, or one feature
+    taken = blocks(entry.units, layout.tp, layout.rank)
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(taken.start * width, taken.stop * width)
+    return array[tuple(index)]
+
+
+__all__ = ["ShardLayout", "blocks", "check_tp_degree", "padded_vocab", "shard_of", "split_axis"]

@@ -1,4 +1,4 @@
-"""One pre-norm decoder layer in the dual-variable residual flow (DESIGN.md).
+"""One pre-norm decoder layer in the dual-variable residual flow (docs/design.md, "The dual-variable flow").
 
 Mirrors torch_impl/decoder_layer.py. A layer takes and returns (hidden, residual): the add of the
 previous increment into the residual stream happens inside the next add_rms_norm, so the returned
@@ -30,14 +30,14 @@ class DecoderLayer(nnx.Module):
         *,
         dtype: jnp.dtype,
         kernels: str = "reference",
-        shards: int = 1,
+        tp: int = 1,
         rngs: nnx.Rngs,
     ):
         self.layer_idx = layer_idx
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
         self.self_attn = Attention(spec, layer_idx, dtype=dtype, kernels=kernels, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
-        self.mlp = MLP(spec, layer_idx, dtype=dtype, kernels=kernels, shards=shards, rngs=rngs)
+        self.mlp = MLP(spec, layer_idx, dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
 
     def __call__(
         self,

@@ -22,9 +22,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.tree_util import PyTreeDef
 
-from jax_impl.kv_cache import KVCache
+from jax_impl.kv_cache import DONATE_CACHE, KVCache
 from jax_impl.model import CausalLM, causal_mask, default_positions
-from jax_impl.vocab_parallel import DATA, vocab_parallel_argmax
+from jax_impl.tensor_parallel import sharded_steps
+from jax_impl.vocab_parallel import DATA, gather_logits, greedy_token
 from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
 
 
@@ -46,9 +47,9 @@ def sample(logits: jax.Array, params: SamplingParams, key: jax.Array) -> jax.Arr
     return jax.random.categorical(key, logits, axis=-1)
 
 
-def _next(logits, params, key, finished, eos, shards):
-    if params.greedy and shards > 1:  # vocabulary-sharded logits: reduce [B] values and ids, never gather [B, V]
-        token = vocab_parallel_argmax(logits)
+def _next(logits, params, key, finished, eos, tp):
+    if params.greedy and tp > 1:  # vocabulary-sharded logits: reduce [B] values and ids, never gather [B, V]
+        token = greedy_token(logits)
     else:
         token = sample(logits, params, key)
     if eos.shape[0]:
@@ -63,7 +64,7 @@ def _prefill(graphdef, params: SamplingParams, state, cache: KVCache, ids, key_v
     t = ids.shape[1]
     logits, cache = model.logits(ids, default_positions(key_valid, 0, t), causal_mask(key_valid, 0, t), cache, True)
     logits = logits[:, -1].astype(jnp.float32)  # [B, V]
-    token, finished = _next(logits, params, key, jnp.zeros(ids.shape[0], bool), eos, model.shards)
+    token, finished = _next(logits, params, key, jnp.zeros(ids.shape[0], bool), eos, model.layout.tp)
     return token, logits, cache.advance(t), finished
 
 
@@ -75,16 +76,18 @@ def _decode_step(graphdef, params: SamplingParams, state, cache: KVCache, token,
     mask = causal_mask(key_valid, cache.length, 1)  # [B, 1, S_max]
     logits, cache = model.logits(token[:, None], positions, mask, cache, True)
     logits = logits[:, -1].astype(jnp.float32)
-    token, finished = _next(logits, params, key, finished, eos, model.shards)
+    token, finished = _next(logits, params, key, finished, eos, model.layout.tp)
     return token, logits, cache.advance(1), key_valid, finished
 
 
+@lru_cache(maxsize=16)
 def step_functions(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams) -> tuple[Callable, Callable]:
     """(prefill, decode_step) for one model structure and sampling setup, taking the state as its flat leaves.
 
     The graph definition, the state's tree structure and the sampling parameters are bound here rather than
     passed to jit as static arguments: jit hashes static arguments and flattens an nnx.State on every call,
-    which cost 6 ms of a ~110 ms Qwen3-0.6B decode step on CPU; a flat list of arrays costs 1.4 ms (measured).
+    which costs milliseconds per decode step (docs/benchmarks.md); a flat list of arrays is cheap. Cached, so
+    that one structure always gives the same pair of functions, and the compiled steps keyed on them are reused.
     """
 
     def prefill(leaves: list[jax.Array], cache: KVCache, ids, key_valid, key, eos):
@@ -96,11 +99,6 @@ def step_functions(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingP
         return _decode_step(graphdef, params, state, cache, token, key_valid, finished, key, eos)
 
     return prefill, decode_step
-
-
-# The cache (argument 1) is donated so XLA writes it in place. Positional only: jit takes explicit
-# in_shardings (the sharded variants in sharding.py) only for positional arguments.
-DONATE_CACHE = dict(donate_argnums=(1,))
 
 
 @lru_cache(maxsize=16)
@@ -138,7 +136,7 @@ def generate(
     eos = jnp.asarray(model.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids), jnp.int32)
     batch, prompt_len = prompts.ids.shape
     dtype = model.model.embed_tokens.weight[...].dtype
-    cache = KVCache.create(model.spec, batch, prompt_len + max_new_tokens, dtype)
+    cache = KVCache.create(model.module_spec, batch, prompt_len + max_new_tokens, dtype)
     key_valid = np.zeros((batch, prompt_len + max_new_tokens), bool)  # [B, S_max]
     key_valid[:, :prompt_len] = prompts.mask.astype(bool)
     keys = jax.random.split(jax.random.key(params.seed), max_new_tokens)
@@ -148,9 +146,8 @@ def generate(
     if mesh is None:
         prefill_fn, decode_fn = compiled_steps(graphdef, treedef, params)
     else:
-        from jax_impl import sharding
-
-        prefill_fn, decode_fn, cache = sharding.sharded_steps(mesh, graphdef, params, state, cache)
+        steps_fns = step_functions(graphdef, treedef, params)
+        prefill_fn, decode_fn, cache = sharded_steps(mesh, steps_fns, state, cache)
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         start = time.perf_counter()
         token, logits, cache, finished = prefill_fn(
@@ -163,8 +160,9 @@ def generate(
         prefill_done = time.perf_counter()
         for step in range(max_new_tokens):
             steps.append(np.asarray(token))
-            if return_logits:  # the explicit request for whole logits: gathered to the host here
-                logits_seen.append(np.asarray(logits)[:, : model.spec.vocab_size])
+            if return_logits:  # the explicit request for whole logits
+                whole = logits if mesh is None else gather_logits(logits, model.spec.vocab_size)
+                logits_seen.append(np.asarray(whole)[:, : model.spec.vocab_size])
             if stream is not None:
                 stream(step, steps[-1])
             if step == max_new_tokens - 1 or bool(finished.all()):
@@ -173,6 +171,7 @@ def generate(
                 leaves, cache, token, key_valid, finished, keys[step + 1], eos
             )
         end = time.perf_counter()
+    cache.check()  # a write past the cache's capacity is refused here, before any token is returned
     eos_ids = tuple(int(e) for e in np.asarray(eos))
     logits_seen = logits_seen if return_logits else None
     return Generation(collect_tokens(steps, eos_ids), prefill_done - start, end - prefill_done, logits_seen)

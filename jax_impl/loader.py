@@ -5,6 +5,10 @@ memory), then each runtime parameter from `spec.runtime_params` (validated, gate
 the device in the requested dtype, one at a time. This is the one place where the layout changes:
 torch and the checkpoint keep a Linear weight as [out, in]; Flax's `kernel` is [in, out], so LINEAR
 kinds are transposed here and nowhere else.
+
+With a `mesh` the same loop runs once per "model" coordinate r, reading rank r's slice of every tensor
+from the memory map (spec/parallel.py, as a torch rank does), and the slices are assembled into global
+arrays placed by the partition table (jax_impl/tensor_parallel.py): a device receives only its own slice.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jax_impl import sharding
+from jax_impl import tensor_parallel
 from jax_impl.model import CausalLM
-from spec import Checkpoint, ModelSpec, runtime_params
+from jax_impl.vocab_parallel import MODEL
+from spec import Checkpoint, ModelSpec, runtime_groups, runtime_params
 from spec.generation import eos_token_ids
-from spec.parallel import check_tp_degree
+from spec.parallel import ShardLayout
 from spec.params import LINEAR
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -37,25 +42,30 @@ def from_pretrained(
 ) -> CausalLM:
     """Build the model for the checkpoint directory `path` and load its weights (`progress` on stderr).
 
-    With a `mesh` (jax_impl/sharding.py) every parameter is placed shard by shard over its "model" axis.
+    With a `mesh` (jax_impl/tensor_parallel.py) every parameter is placed shard by shard over its "model" axis.
     """
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     spec = ModelSpec.from_pretrained(path)
     checkpoint = Checkpoint(path)
-    tp = 1 if mesh is None else mesh.shape[sharding.MODEL]
-    check_tp_degree(spec, tp)
-    model = nnx.eval_shape(lambda: CausalLM(spec, dtype=dtype, kernels=kernels, shards=tp, rngs=nnx.Rngs(0)))
+    tp = 1 if mesh is None else mesh.shape[MODEL]
+    ShardLayout(spec, tp)  # refuses a degree that does not fit, before anything is built
+    model = nnx.eval_shape(lambda: CausalLM(spec, dtype=dtype, kernels=kernels, tp=tp, rngs=nnx.Rngs(0)))
     modules = {".".join(str(p) for p in path): m for path, m in nnx.iter_modules(model)}
-    for module, role, kind, array in runtime_params(checkpoint, spec, progress=progress):
-        param = getattr(modules[module], _FLAX_ATTR.get((kind, role), role))
-        if mesh is not None:
-            array = sharding.shard_layout(spec, module, array, tp)
-        array = array.T if kind == LINEAR else array  # [out, in] -> Flax [in, out]
+    groups = runtime_groups(spec)
+    # One stream of slices per "model" coordinate, advanced together: one parameter in host memory at a time.
+    streams = [
+        runtime_params(checkpoint, spec, progress=progress and rank == 0, layout=ShardLayout(spec, tp, rank))
+        for rank in range(tp)
+    ]
+    for per_rank in zip(*streams, strict=True):
+        module, role, kind, _ = per_rank[0]
+        arrays = [array.T if kind == LINEAR else array for *_, array in per_rank]  # [out, in] -> Flax [in, out]
         if mesh is None:
-            value = jnp.asarray(array, dtype=dtype)
-        else:  # cast on the host, then each device receives only its slice
-            pspec = sharding.partition_spec(spec, module, role, kind, tp)
-            value = sharding.place(np.asarray(array, dtype=dtype), mesh, pspec)
+            value = jnp.asarray(arrays[0], dtype=dtype)
+        else:  # cast on the host, then each device receives only its rank's slice
+            pspec = tensor_parallel.partition_spec(groups[(module, role)][0], arrays[0].ndim)
+            value = tensor_parallel.place_shards([np.asarray(a, dtype=dtype) for a in arrays], mesh, pspec)
+        param = getattr(modules[module], _FLAX_ATTR.get((kind, role), role))
         if value.shape != param.shape:
             raise AssertionError(f"{module}.{role}: packed shape {list(value.shape)} != {list(param.shape)}")
         param.set_value(value)  # replaces the abstract ShapeDtypeStruct with the loaded array

@@ -25,11 +25,11 @@ class MLP(nnx.Module):
         *,
         dtype: jnp.dtype,
         kernels: str = "reference",
-        shards: int = 1,
+        tp: int = 1,
         rngs: nnx.Rngs,
     ):
         self.layer_idx = layer_idx
-        self.shards = shards  # > 1: gate_up columns are grouped per shard as [gate_r | up_r] (sharding.py)
+        self.tp = tp  # > 1: gate_up columns are grouped per shard as [gate_r | up_r] (spec/parallel.py)
         kw = dict(use_bias=False, dtype=dtype, param_dtype=dtype, precision=HIGHEST, rngs=rngs)
         self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, **kw)
         self.act_fn = SiluAndMul(kernels=kernels)
@@ -37,9 +37,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array, trace: dict[str, jax.Array] | None = None) -> jax.Array:
         gate_up = self.gate_up_proj(x)  # [B, T, 2I]
-        if self.shards > 1:  # split gate from up inside each shard's block: no data crosses devices
+        if self.tp > 1:  # split gate from up inside each shard's block: no data crosses devices
             b, t, _ = gate_up.shape
-            act = self.act_fn(gate_up.reshape(b, t, self.shards, -1)).reshape(b, t, -1)  # [B, T, s, 2I/s] -> [B, T, I]
+            act = self.act_fn(gate_up.reshape(b, t, self.tp, -1)).reshape(b, t, -1)  # [B, T, s, 2I/s] -> [B, T, I]
         else:
             act = self.act_fn(gate_up)  # [B, T, I]
         if trace is not None:

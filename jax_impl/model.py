@@ -2,7 +2,9 @@
 
 Mirrors torch_impl/model.py. `CausalLM.__call__` validates token ids at the boundary on the host, then
 runs one jit-compiled entry point (`forward`) on the split graph and state. A tied model has no head
-parameter: logits are `embed_tokens.attend(x)`, x @ E^T with the embedding Param itself.
+parameter: logits are `embed_tokens.attend(x)`, x @ E^T with the embedding Param itself. With tp > 1
+(jax_impl/tensor_parallel.py) the modules are sized by `module_spec`, every rank's shards side by side, and
+the loader places each device's slice.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from jax_impl.embedding import HIGHEST, Embedding
 from jax_impl.layernorm import RMSNorm
 from jax_impl.linear import Linear
 from jax_impl.rotary_embedding import RotaryEmbedding
+from jax_impl.vocab_parallel import mask_padding
 from kernels import resolve_kernels
 from spec import InputError, ModelSpec, check_token_ids
-from spec.parallel import padded_vocab
+from spec.parallel import ShardLayout
 
 if TYPE_CHECKING:
     from jax_impl.kv_cache import KVCache
@@ -42,15 +45,12 @@ def default_positions(key_valid: jax.Array, q_start: jax.Array | int, q_len: int
 
 
 class Model(nnx.Module):
-    def __init__(
-        self, spec: ModelSpec, *, dtype: jnp.dtype, kernels: str = "reference", shards: int = 1, rngs: nnx.Rngs
-    ):
-        self.spec = spec
-        vocab = padded_vocab(spec, shards)
-        self.embed_tokens = Embedding(vocab, spec.hidden_size, dtype=dtype, shards=shards, rngs=rngs)
+    def __init__(self, spec: ModelSpec, *, dtype: jnp.dtype, kernels: str = "reference", tp: int = 1, rngs: nnx.Rngs):
+        self.spec = layout = ShardLayout(spec, tp).global_spec  # every rank's heads, features and vocabulary rows
+        self.embed_tokens = Embedding(layout.vocab_size, spec.hidden_size, dtype=dtype, tp=tp, rngs=rngs)
         self.layers = nnx.List(
             [
-                DecoderLayer(spec, i, dtype=dtype, kernels=kernels, shards=shards, rngs=rngs)
+                DecoderLayer(layout, i, dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
                 for i in range(spec.num_hidden_layers)
             ]
         )
@@ -88,21 +88,23 @@ class CausalLM(nnx.Module):
         *,
         dtype: jnp.dtype = jnp.float32,
         kernels: str = "reference",
-        shards: int = 1,
+        tp: int = 1,
         rngs: nnx.Rngs,
     ):
-        """`shards` > 1 builds the tensor-parallel layout of jax_impl/sharding.py (padded vocabulary)."""
+        """`spec` is the whole model's (ids and positions are checked against it); tp > 1 builds the
+        tensor-parallel layout over a mesh's "model" axis (jax_impl/tensor_parallel.py)."""
         self.spec = spec
-        self.shards = shards
+        self.layout = ShardLayout(spec, tp)
+        self.module_spec = self.layout.global_spec  # what the modules and the KV cache are sized by
         self.kernels = resolve_kernels(kernels, on_gpu=jax.default_backend() == "gpu")
         self.eos_token_ids: tuple[int, ...] = ()  # set by the loader from the checkpoint
-        self.model = Model(spec, dtype=dtype, kernels=self.kernels, shards=shards, rngs=rngs)
+        self.model = Model(spec, dtype=dtype, kernels=self.kernels, tp=tp, rngs=rngs)
         if spec.tie_word_embeddings:
             self.lm_head = None  # tied: logits come from model.embed_tokens.attend, the one table
         else:
             self.lm_head = Linear(
                 spec.hidden_size,
-                padded_vocab(spec, shards),
+                self.module_spec.vocab_size,
                 use_bias=False,
                 dtype=dtype,
                 param_dtype=dtype,
@@ -125,8 +127,8 @@ class CausalLM(nnx.Module):
             logits = self.model.embed_tokens.attend(hidden)  # x @ E^T
         else:
             logits = self.lm_head(hidden)
-        if logits.shape[-1] != self.spec.vocab_size:  # padding rows of a sharded vocabulary: never chosen
-            logits = jnp.where(jnp.arange(logits.shape[-1]) < self.spec.vocab_size, logits, -jnp.inf)
+        if self.layout.padded_vocab != self.spec.vocab_size:  # padding rows of a sharded vocabulary: never chosen
+            logits = mask_padding(logits, 0, self.spec.vocab_size)
         if trace is not None:
             trace["logits"] = logits
         return logits, cache

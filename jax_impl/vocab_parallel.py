@@ -1,8 +1,9 @@
-"""Vocabulary-parallel collectives: the embedding gather and the greedy argmax over a sharded vocabulary.
+"""The vocabulary-parallel ends of a tensor-parallel model: embedding gather, padded logits, what reads them.
 
-Mirrors the vocabulary-parallel parts of torch_impl's tensor parallelism. Both run under `jax.shard_map`
-on the mesh set by `jax.set_mesh` (jax_impl/sharding.py): each device sees only its rows [start, end) of
-the vocabulary, so neither the table nor the [B, T, V] logits are ever gathered whole.
+Mirrors torch_impl/vocab_parallel.py (same function names, same meaning). The embedding gather and the
+greedy argmax run under `jax.shard_map` on the mesh set by `jax.set_mesh` (jax_impl/tensor_parallel.py):
+each device sees only its rows of the padded vocabulary, so neither the table nor the [B, T, V] logits are
+gathered whole; `gather_logits` is the explicit request that does.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from jax.sharding import PartitionSpec as P
 DATA, MODEL = "data", "model"
 
 
-def vocab_parallel_take(table: jax.Array, ids: jax.Array) -> jax.Array:
-    """table [V_pad, H] sharded on V, ids [B, T] -> rows [B, T, H]: local gather, zero elsewhere, psum."""
+def vocab_parallel_embedding(input_ids: jax.Array, weight: jax.Array) -> jax.Array:
+    """ids [B, T] (global, already validated), table [V_pad, H] sharded on V -> rows [B, T, H]: each device
+    gathers the ids it owns, zero elsewhere, then a sum across devices."""
 
     def local(table_shard: jax.Array, ids_shard: jax.Array) -> jax.Array:
         rows = table_shard.shape[0]
@@ -24,10 +26,24 @@ def vocab_parallel_take(table: jax.Array, ids: jax.Array) -> jax.Array:
         gathered = jnp.take(table_shard, jnp.where(inside, local_ids, 0), axis=0)  # [B, T, H]
         return jax.lax.psum(jnp.where(inside[..., None], gathered, 0), MODEL)
 
-    return jax.shard_map(local, in_specs=(P(MODEL, None), P(DATA, None)), out_specs=P(DATA, None, None))(table, ids)
+    specs = dict(in_specs=(P(MODEL, None), P(DATA, None)), out_specs=P(DATA, None, None))
+    return jax.shard_map(local, **specs)(weight, input_ids)
 
 
-def vocab_parallel_argmax(logits: jax.Array) -> jax.Array:
+def mask_padding(logits: jax.Array, vocab_start: int, vocab_size: int) -> jax.Array:
+    """logits [..., W] of rows [vocab_start, vocab_start + W): those at or past `vocab_size` -> -inf."""
+    ids = vocab_start + jnp.arange(logits.shape[-1])
+    return jnp.where(ids < vocab_size, logits, -jnp.inf)
+
+
+def gather_logits(logits: jax.Array, vocab_size: int) -> jax.Array:
+    """The explicit full gather: vocabulary-sharded [..., V_pad] -> [..., vocab_size] replicated on every device."""
+    mesh = logits.sharding.mesh
+    whole = jax.device_put(logits, jax.sharding.NamedSharding(mesh, P()))  # XLA's all-gather
+    return whole[..., :vocab_size]
+
+
+def greedy_token(logits: jax.Array) -> jax.Array:
     """logits [B, V_pad] sharded on V -> the global argmax [B], ties to the lowest id, from [B] values only.
 
     Each shard takes its local max and argmax; a max-reduction finds the winning value and a min-reduction

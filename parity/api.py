@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 import spec
 from kernels import KERNEL_CHOICES
-from parity.capture import Capture, capture, prepare_kernels
+from parity.capture import capture
 from parity.compare import Comparison, compare_traces
 from parity.components import component_order, hf_components
+from parity.environment import prepare_environment
+from parity.hf_reference import hf_available
 from parity.inputs import resolve_ids
 from parity.report import Report
+from parity.tensor_parallel import jax_tp_logits, torch_tp_logits
 from parity.tolerances import tolerance_for
+from parity.trace import Capture
 from spec import CheckpointError, InputError, ModelSpec
+from spec.parallel import check_tp_degree
 
 REFERENCES = ("hf",)
 _KEEP_IDS = 4096  # ids are stored in the report (and its JSON) up to this many, so a run can be replayed
@@ -38,6 +44,20 @@ def resolve_checkpoint(checkpoint: str | Path | None) -> Path:
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (pass the checkpoint's directory, not a file in it)")
     return path
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated check: everything `check` needs, settled before any model loads."""
+
+    directory: Path
+    spec: ModelSpec
+    ids: np.ndarray
+    dtype: str
+    kernels: str
+    reference: str | None
+    baseline: bool
+    tp: int
 
 
 def check(
@@ -66,93 +86,131 @@ def check(
     receives one line per stage. tp > 1: also run both backends tensor-parallel on tp devices and compare
     their logits with the unsharded runs and with each other. Raises spec.DecoderParityError for bad input.
     """
+    request = validate_request(
+        checkpoint, dtype, kernels, reference, ids, prompt, seq_len, batch, seed, baseline, tp
+    )  # fmt: skip
+    prepare_environment(request.kernels, request.tp)  # before triton is imported or JAX starts
+    return _Run(request, progress, log or (lambda _line: None)).report()
+
+
+def validate_request(
+    checkpoint: str | Path | None,
+    dtype: str,
+    kernels: str,
+    reference: str | None,
+    ids: np.ndarray | Sequence | str | None,
+    prompt: str | None,
+    seq_len: int | None,
+    batch: int | None,
+    seed: int,
+    baseline: bool | None,
+    tp: int,
+) -> Request:
+    """Everything that can be checked without loading a model: directory, config, options, ids, tensors."""
     directory = resolve_checkpoint(checkpoint)
     model_spec = ModelSpec.from_pretrained(directory)
-    tolerance = tolerance_for(dtype)
+    tolerance_for(dtype)  # an unknown dtype is refused here
     if kernels not in KERNEL_CHOICES:
         raise InputError(f"kernels {kernels!r} is not one of {', '.join(KERNEL_CHOICES)}")
     if reference is not None and reference not in REFERENCES:
         raise InputError(f"reference {reference!r} is not supported (choose: {', '.join(REFERENCES)})")
     token_ids = resolve_ids(model_spec, directory, ids=ids, prompt=prompt, seq_len=seq_len, batch=batch, seed=seed)
     spec.validate_checkpoint(spec.Checkpoint(directory), model_spec)  # every tensor problem, before any load
-    if reference == "hf":
-        from parity.hf_reference import hf_available
-
-        if not hf_available():
-            raise InputError(
-                "--reference hf needs Hugging Face transformers, which is not installed "
-                "(pip install 'decoder-parity[hf]')"
-            )
+    if reference == "hf" and not hf_available():
+        raise InputError(
+            "--reference hf needs Hugging Face transformers, which is not installed (pip install 'decoder-parity[hf]')"
+        )
     if kernels == "fused" and importlib.util.find_spec("triton") is None:
         raise InputError(
             "--kernels fused needs triton for the torch kernels, which is not installed "
             "(pip install 'decoder-parity[triton]')"
         )
-    if tp > 1:
-        from spec.parallel import check_tp_degree
-
-        check_tp_degree(model_spec, tp)
-    prepare_kernels(kernels)
+    check_tp_degree(model_spec, tp)
     baseline = (dtype != "float32") if baseline is None else (baseline and dtype != "float32")
-    say = log or (lambda _line: None)
-    num_layers = model_spec.num_hidden_layers
-    names = component_order(num_layers)
-    timings: dict[str, dict[str, float]] = {}
+    return Request(directory, model_spec, token_ids, dtype, kernels, reference, baseline, tp)
 
-    def run(backend: str, run_dtype: str, run_kernels: str) -> Capture:
-        say(f"{backend} {run_dtype} (kernels={run_kernels}): loading {directory}")
-        cap = capture(backend, directory, token_ids, dtype=run_dtype, kernels=run_kernels, progress=progress)
-        timings[f"{backend}/{run_dtype}"] = {"load_s": round(cap.load_s, 3), "run_s": round(cap.run_s, 3)}
-        say(f"{backend} {run_dtype}: loaded in {cap.load_s:.1f}s, traced forward in {cap.run_s:.1f}s")
+
+class _Run:
+    """The stages of one check, in the order they hold memory: one model at a time, and only the traces
+    still to be compared (each float32 baseline is compared with its backend's run at once and dropped)."""
+
+    def __init__(self, request: Request, progress: bool, say: Callable[[str], None]):
+        self.request, self.progress, self.say = request, progress, say
+        self.names = component_order(request.spec.num_hidden_layers)
+        self.timings: dict[str, dict[str, float]] = {}
+
+    def capture(self, backend: str, dtype: str, kernels: str) -> Capture:
+        r = self.request
+        self.say(f"{backend} {dtype} (kernels={kernels}): loading {r.directory}")
+        cap = capture(backend, r.directory, r.ids, dtype=dtype, kernels=kernels, progress=self.progress)
+        self.timings[f"{backend}/{dtype}"] = {"load_s": round(cap.load_s, 3), "run_s": round(cap.run_s, 3)}
+        self.say(f"{backend} {dtype}: loaded in {cap.load_s:.1f}s, traced forward in {cap.run_s:.1f}s")
         return cap
 
-    def compare(test: dict, ref: dict, labels: tuple[str, str], on: list[str] = names) -> Comparison:
+    def compare(self, test: dict, ref: dict, labels: tuple[str, str], on: list[str] | None = None) -> Comparison:
         return compare_traces(
-            test, ref, on, num_layers=num_layers, tolerance=tolerance, test_label=labels[0], ref_label=labels[1]
+            test,
+            ref,
+            self.names if on is None else on,
+            num_layers=self.request.spec.num_hidden_layers,
+            tolerance=tolerance_for(self.request.dtype),
+            test_label=labels[0],
+            ref_label=labels[1],
         )
 
-    # One model in memory at a time, and only the traces still to be compared: each float32 baseline is
-    # compared with its backend's run at once and dropped; torch's trace goes before jax's baseline loads.
-    drift: list[Comparison] = []
-    torch_run = run("torch", dtype, kernels)
-    if baseline:
-        drift.append(compare(torch_run.trace, run("torch", "float32", "reference").trace, ("torch", "torch/float32")))
-    jax_run = run("jax", dtype, kernels)
-    comparisons = [compare(torch_run.trace, jax_run.trace, ("torch", "jax"))]
-    if reference == "hf":
-        hf_trace = run("hf", dtype, "-").trace
-        for cap in (torch_run, jax_run):
-            comparisons.append(compare(cap.trace, hf_trace, (cap.backend, "hf"), hf_components(num_layers)))
-        del hf_trace
-    if tp > 1:
-        from parity.tensor_parallel import jax_tp_logits, torch_tp_logits
+    def drift(self, run: Capture) -> Comparison:
+        """A backend's run against its own float32 reference run: the dtype's own error."""
+        own = self.capture(run.backend, "float32", "reference").trace
+        return self.compare(run.trace, own, (run.backend, f"{run.backend}/float32"))
 
-        say(f"torch {dtype}: tensor-parallel over {tp} gloo processes")
-        sharded = {"torch": {"logits": torch_tp_logits(directory, token_ids, tp, dtype)}}
-        say(f"jax {dtype}: tensor-parallel over a {tp}-device mesh")
-        sharded["jax"] = {"logits": jax_tp_logits(directory, token_ids, tp, dtype)}
-        on = ["logits"]
-        comparisons.append(compare(sharded["torch"], sharded["jax"], (f"torch/tp{tp}", f"jax/tp{tp}"), on))
-        comparisons.append(compare(sharded["torch"], torch_run.trace, (f"torch/tp{tp}", "torch"), on))
-        comparisons.append(compare(sharded["jax"], jax_run.trace, (f"jax/tp{tp}", "jax"), on))
-    resolved = {"torch": torch_run.kernels, "jax": jax_run.kernels}
-    del torch_run
-    if baseline:
-        drift.append(compare(jax_run.trace, run("jax", "float32", "reference").trace, ("jax", "jax/float32")))
-    del jax_run
-    return Report(
-        checkpoint=str(directory),
-        model=model_spec.to_dict(),
-        dtype=dtype,
-        kernels=resolved,
-        reference=reference,
-        input_shape=tuple(int(n) for n in token_ids.shape),
-        tolerance=tolerance,
-        comparisons=comparisons,
-        drift=drift,
-        timings=timings,
-        ids=token_ids.tolist() if token_ids.size <= _KEEP_IDS else None,
-    )
+    def tensor_parallel(self, torch_run: Capture, jax_run: Capture) -> list[Comparison]:
+        """Both backends' sharded logits against each other and against their own unsharded runs."""
+        r, on = self.request, ["logits"]
+        self.say(f"torch {r.dtype}: tensor-parallel over {r.tp} gloo processes")
+        sharded_torch = {"logits": torch_tp_logits(r.directory, r.ids, r.tp, r.dtype)}
+        self.say(f"jax {r.dtype}: tensor-parallel over a {r.tp}-device mesh")
+        sharded_jax = {"logits": jax_tp_logits(r.directory, r.ids, r.tp, r.dtype)}
+        torch_tp, jax_tp = f"torch/tp{r.tp}", f"jax/tp{r.tp}"
+        return [
+            self.compare(sharded_torch, sharded_jax, (torch_tp, jax_tp), on),
+            self.compare(sharded_torch, torch_run.trace, (torch_tp, "torch"), on),
+            self.compare(sharded_jax, jax_run.trace, (jax_tp, "jax"), on),
+        ]
+
+    def report(self) -> Report:
+        r = self.request
+        drift: list[Comparison] = []
+        torch_run = self.capture("torch", r.dtype, r.kernels)
+        if r.baseline:
+            drift.append(self.drift(torch_run))
+        jax_run = self.capture("jax", r.dtype, r.kernels)
+        comparisons = [self.compare(torch_run.trace, jax_run.trace, ("torch", "jax"))]
+        if r.reference == "hf":
+            hf_trace = self.capture("hf", r.dtype, "-").trace
+            for cap in (torch_run, jax_run):
+                on = hf_components(r.spec.num_hidden_layers)
+                comparisons.append(self.compare(cap.trace, hf_trace, (cap.backend, "hf"), on))
+            del hf_trace
+        if r.tp > 1:
+            comparisons += self.tensor_parallel(torch_run, jax_run)
+        resolved = {"torch": torch_run.kernels, "jax": jax_run.kernels}
+        del torch_run
+        if r.baseline:
+            drift.append(self.drift(jax_run))
+        del jax_run
+        return Report(
+            checkpoint=str(r.directory),
+            model=r.spec.to_dict(),
+            dtype=r.dtype,
+            kernels=resolved,
+            reference=r.reference,
+            input_shape=tuple(int(n) for n in r.ids.shape),
+            tolerance=tolerance_for(r.dtype),
+            comparisons=comparisons,
+            drift=drift,
+            timings=self.timings,
+            ids=r.ids.tolist() if r.ids.size <= _KEEP_IDS else None,
+        )
 
 
-__all__ = ["REFERENCES", "check", "resolve_checkpoint"]
+__all__ = ["REFERENCES", "Request", "check", "resolve_checkpoint", "validate_request"]

@@ -11,58 +11,13 @@ so tests can substitute a loader without any hook in this file.
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import os
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-
-@dataclass
-class Capture:
-    backend: str  # "torch" | "jax" | "hf"
-    dtype: str
-    kernels: str  # as resolved by the backend ("reference" | "fused"); "-" for hf
-    trace: dict[str, np.ndarray] = field(repr=False)
-    load_s: float = 0.0
-    run_s: float = 0.0
-
-
-def prepare_kernels(kernels: str) -> None:
-    """Make `kernels="fused"` runnable on a machine without a GPU: interpret Triton on the CPU.
-
-    Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when kernels.triton.rms_norm is first
-    imported, so this must run before that import (the CLI calls it before loading any model). An explicit
-    TRITON_INTERPRET from the user wins. Pallas needs nothing: it picks interpret mode per call on CPU.
-    """
-    if kernels != "fused" or "TRITON_INTERPRET" in os.environ:
-        return
-    import torch  # importing torch does not import triton
-
-    if torch.cuda.is_available():
-        return
-    if "kernels.triton.rms_norm" in sys.modules or "kernels.triton.swiglu" in sys.modules:
-        return  # already decorated: the kernel's own launch check explains what to do
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
-def release_memory() -> None:
-    """Collect the dropped model and hand freed heap pages back to the OS.
-
-    glibc keeps freed heap memory (a model's many mid-sized tensors) in its arenas: without the trim a
-    0.6B model left up to ~1.2 GB resident after it was deleted, under the next capture's model (measured
-    on a Qwen3-0.6B-shaped checkpoint: 1.45 -> 0.25 GB anonymous memory after a dropped bf16 model).
-    A no-op where libc has no malloc_trim (macOS, musl).
-    """
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):
-        pass
+from parity.hf_reference import capture_hf
+from parity.trace import Capture, release_memory
 
 
 class _Float32Trace(dict):
@@ -132,7 +87,5 @@ def capture(
     if backend == "jax":
         return capture_jax(checkpoint, ids, dtype=dtype, kernels=kernels, progress=progress)
     if backend == "hf":
-        from parity.hf_reference import capture_hf
-
         return capture_hf(checkpoint, ids, dtype=dtype, progress=progress)
     raise ValueError(f"unknown backend {backend!r}")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from kernels import KERNEL_CHOICES
+from parity.environment import prepare_environment
 from parity.tolerances import TOLERANCES
 
 
@@ -71,8 +72,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from parity.capture import prepare_kernels
-
     if args.tolerances:
         from parity.tolerances import describe
 
@@ -80,11 +79,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for path in (args.json, args.plot):  # fail before a long run, not after it
         _check_writable(path)
-    # Before anything imports triton: the Triton interpreter must be chosen before the kernels are decorated.
-    prepare_kernels(args.kernels)
-    from parity.tensor_parallel import prepare_devices
-
-    prepare_devices(args.tp)  # before jax is imported
+    # Before anything imports triton or starts JAX (parity/environment.py).
+    prepare_environment(args.kernels, args.tp)
     from parity.api import check
 
     def log(line: str) -> None:

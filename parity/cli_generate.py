@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.capture import prepare_kernels
+from parity.environment import prepare_environment
 from parity.inputs import parse_ids, tokenize
-from parity.tensor_parallel import prepare_devices
 from spec import InputError, ModelSpec, default_checkpoint
 
 
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         ids = parse_ids(args.ids)
     else:
         ids = np.asarray([tokenize(directory, args.prompt if args.prompt is not None else "Hello")])
-    prepare_environment(args)
+    prepare_environment(args.kernels, args.tp)
     decode = make_decoder(directory)
     backends = ("torch", "jax") if args.backend == "both" else (args.backend,)
     results = {}
@@ -64,12 +63,6 @@ def run(args: argparse.Namespace) -> int:
     if len(results) == 2:
         return report_difference(results["torch"].tokens, results["jax"].tokens)
     return 0
-
-
-def prepare_environment(args: argparse.Namespace) -> None:
-    """Set what the frameworks read at import: interpret-mode Triton on CPU, simulated JAX devices."""
-    prepare_kernels(args.kernels)
-    prepare_devices(args.tp)
 
 
 def make_decoder(directory: Path):
@@ -104,9 +97,9 @@ def generate_with(backend: str, directory: Path, ids: np.ndarray, args: argparse
         import torch_impl
 
         if args.tp > 1:  # ranks run in their own processes: tokens are printed once rank 0 returns them
-            from torch_impl.tp_launch import tp_generate
+            from torch_impl.tp_launch import launch_generate
 
-            gen = tp_generate(directory, ids, args.max_new_tokens, args.tp, dtype=args.dtype, **kwargs)
+            gen = launch_generate(directory, ids, args.max_new_tokens, args.tp, dtype=args.dtype, **kwargs)
             sys.stdout.write(decode(gen.tokens[0]))
             return gen
         model = torch_impl.from_pretrained(directory, args.dtype, kernels=args.kernels, progress=True)
@@ -115,7 +108,7 @@ def generate_with(backend: str, directory: Path, ids: np.ndarray, args: argparse
 
     mesh = None
     if args.tp > 1:
-        from jax_impl.sharding import make_mesh
+        from jax_impl.tensor_parallel import make_mesh
 
         mesh = make_mesh(args.tp)
     model = jax_impl.from_pretrained(directory, args.dtype, kernels=args.kernels, progress=True, mesh=mesh)

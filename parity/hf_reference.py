@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.capture import Capture, release_memory
 from parity.components import hf_components
+from parity.trace import Capture, release_memory
 from spec import InputError
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from spec import ModelSpec
 from torch_impl.layernorm import RMSNorm
 from torch_impl.linear import Linear
 from torch_impl.rotary_embedding import apply_rotary
+from torch_impl.tensor_parallel import row_linear
 
 if TYPE_CHECKING:
     from torch_impl.kv_cache import KVCache
@@ -46,7 +48,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, layer_idx: int, *, kernels: str = "reference"):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_idx: int,
+        *,
+        kernels: str = "reference",
+        tp: int = 1,
+        group: dist.ProcessGroup | None = None,
+    ):
+        """`spec` sizes this rank's heads (ShardLayout.local_spec); tp > 1 makes o_proj row-parallel."""
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -59,7 +70,7 @@ class Attention(nn.Module):
         self.q_proj = Linear(h, q_out, bias=spec.attention_bias)
         self.k_proj = Linear(h, kv_out, bias=spec.attention_bias)
         self.v_proj = Linear(h, kv_out, bias=spec.attention_bias)
-        self.o_proj = Linear(q_out, h, bias=False)
+        self.o_proj = row_linear(q_out, h, tp, group)
         if spec.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, kernels=kernels)
             self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, kernels=kernels)

@@ -1,4 +1,4 @@
-"""One pre-norm decoder layer in the dual-variable residual flow (DESIGN.md).
+"""One pre-norm decoder layer in the dual-variable residual flow (docs/design.md, "The dual-variable flow").
 
 Mirrors jax_impl/decoder_layer.py. A layer takes and returns (hidden, residual): the add of the
 previous increment into the residual stream happens inside the next add_rms_norm, so the returned
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from spec import ModelSpec
@@ -22,13 +23,21 @@ if TYPE_CHECKING:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, layer_idx: int, *, kernels: str = "reference"):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_idx: int,
+        *,
+        kernels: str = "reference",
+        tp: int = 1,
+        group: dist.ProcessGroup | None = None,
+    ):
         super().__init__()
         self.layer_idx = layer_idx
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, kernels=kernels)
-        self.self_attn = Attention(spec, layer_idx, kernels=kernels)
+        self.self_attn = Attention(spec, layer_idx, kernels=kernels, tp=tp, group=group)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, kernels=kernels)
-        self.mlp = MLP(spec, layer_idx, kernels=kernels)
+        self.mlp = MLP(spec, layer_idx, kernels=kernels, tp=tp, group=group)
 
     def forward(
         self,

@@ -3,6 +3,11 @@
 Mirrors jax_impl/generate.py. The prompt (left-padded when rows differ in length) fills the cache and
 yields the first token; each later step feeds one token per row. Rows that reached an EOS id keep
 emitting it (ignored afterwards) until every row is done or `max_new_tokens` is reached.
+
+A tensor-parallel model (every rank calls `generate` with the same arguments) picks greedy tokens with
+`greedy_token`: only [B] values and ids cross ranks, never [B, V] logits. Sampling gathers the last
+position's logits (`gather_logits`), draws with the same seed on every rank, and rank 0's token is
+broadcast; `return_logits` gathers them too (an explicit request).
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from spec import ModelSpec
 from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
 from torch_impl.kv_cache import KVCache
 from torch_impl.model import CausalLM
+from torch_impl.vocab_parallel import gather_logits, greedy_token
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
@@ -60,20 +66,28 @@ def generate(
     generator = None if params.greedy else torch.Generator(device).manual_seed(params.seed)
     logits_seen: list[np.ndarray] = []
 
-    def pick(last: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
-        logits = last.float()
-        if return_logits:
-            logits_seen.append(logits.cpu().numpy())
-        return sample(logits, params, generator)
+    layout, group = model.layout, model.group
+
+    def pick(last: torch.Tensor) -> torch.Tensor:  # [B, V] (tp > 1: this rank's shard) -> [B]
+        sharded = layout.tp > 1
+        if return_logits or not (sharded and params.greedy):
+            logits = gather_logits(last, model.spec.vocab_size, group).float() if sharded else last.float()
+            if return_logits:
+                logits_seen.append(logits.cpu().numpy())
+        if sharded and params.greedy:
+            return greedy_token(last, layout.vocab_start, group)
+        token = sample(logits, params, generator)
+        if sharded:  # the same seed draws the same token everywhere; rank 0's is made the one
+            dist.broadcast(token, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        return token
 
     eos = tuple(model.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    gen = decode_loop(model, model.spec, input_ids, max_new_tokens, attention_mask, eos, pick, stream)
+    gen = decode_loop(model, input_ids, max_new_tokens, attention_mask, eos, pick, stream)
     return dataclasses.replace(gen, logits=logits_seen) if return_logits else gen
 
 
 def decode_loop(
-    model: torch.nn.Module,
-    cache_spec: ModelSpec,
+    model: CausalLM,
     input_ids: np.ndarray | torch.Tensor | Sequence[Sequence[int]],
     max_new_tokens: int,
     attention_mask: np.ndarray | None,
@@ -81,17 +95,16 @@ def decode_loop(
     pick: Callable[[torch.Tensor], torch.Tensor],
     stream: Callable[[int, np.ndarray], None] | None,
 ) -> Generation:
-    """The prefill and decode loop shared by `generate` and tensor_parallel.generate_tp (call it under
-    inference_mode). `model(ids, ...)` returns the last position's scores [B, 1, V] (or this rank's vocabulary
-    shard) and `pick` turns them into the next token ids [B]; the cache is sized by `cache_spec` (a rank's
-    spec holds its local kv heads)."""
+    """The prefill and decode loop of `generate` (call it under inference_mode). `model(ids, ...)` returns the
+    last position's scores [B, 1, V] (or this rank's vocabulary shard) and `pick` turns them into the next
+    token ids [B]; the cache is sized by the model's `module_spec` (a rank's holds its local kv heads)."""
     if torch.is_tensor(input_ids):
         input_ids = input_ids.cpu().numpy()
     prompts = prepare_prompts(input_ids, model.spec, max_new_tokens, attention_mask)
     weight = model.model.embed_tokens.weight
     device = weight.device
     batch, prompt_len = prompts.ids.shape
-    cache = KVCache(cache_spec, batch, prompt_len + max_new_tokens, weight.dtype, device)
+    cache = KVCache.create(model.module_spec, batch, prompt_len + max_new_tokens, weight.dtype, device)
     mask = torch.zeros(batch, prompt_len + max_new_tokens, dtype=torch.long, device=device)  # [B, S]
     mask[:, :prompt_len] = torch.as_tensor(prompts.mask)
     eos_t = torch.tensor(eos, dtype=torch.long, device=device)

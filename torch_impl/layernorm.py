@@ -2,7 +2,7 @@
 
 Mirrors jax_impl/layernorm.py. RMSNorm(x) = g * x / sqrt(mean(x^2) + eps): no mean subtraction, an fp32
 reduction, eps inside the square root. With a residual it returns (normed, new_residual) where
-new_residual = x + residual rounded to the activation dtype (DESIGN.md's dual-variable flow). The math
+new_residual = x + residual rounded to the activation dtype (docs/design.md, "The dual-variable flow"). The math
 lives in kernels/triton/reference.py; `kernels="fused"` runs the Triton kernel with the same contract.
 """
 

@@ -3,7 +3,8 @@
 Mirrors jax_impl/loader.py. The model is built on the meta device (no random init, no memory), then each
 runtime parameter from `spec.runtime_params` (validated, gate/up packed) is materialized on the target
 device in the requested dtype, one at a time. torch keeps Linear weights as [out, in], the checkpoint's
-own layout, so nothing is transposed here.
+own layout, so nothing is transposed here. In a tensor-parallel process `group` the same loop reads only
+this rank's slice of each tensor from the memory map (spec/parallel.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from spec import Checkpoint, ModelSpec, runtime_params
@@ -35,17 +37,24 @@ def from_pretrained(
     device: str | torch.device = "cpu",
     kernels: str = "reference",
     progress: bool = False,
+    group: dist.ProcessGroup | None = None,
 ) -> CausalLM:
-    """Build the model for the checkpoint directory `path` and load its weights (`progress` on stderr)."""
+    """Build the model for the checkpoint directory `path` and load its weights (`progress` on stderr).
+
+    With a process `group` (e.g. `dist.group.WORLD` under torchrun), this process loads its rank's shard of a
+    tensor-parallel model over the group's ranks (torch_impl/tensor_parallel.py).
+    """
     dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     spec = ModelSpec.from_pretrained(path)
     checkpoint = Checkpoint(path)
+    tp = 1 if group is None else dist.get_world_size(group)
     with torch.device("meta"):
-        model = CausalLM(spec, kernels=kernels)
+        model = CausalLM(spec, kernels=kernels, tp=tp, group=group)
     model = model.to(dtype).to_empty(device=device)  # storage allocated, not initialized
     modules = dict(model.named_modules())
     with torch.no_grad():
-        for module, role, _kind, array in runtime_params(checkpoint, spec, progress=progress):
+        shards = runtime_params(checkpoint, spec, progress=progress and model.layout.rank == 0, layout=model.layout)
+        for module, role, _kind, array in shards:
             param: nn.Parameter = getattr(modules[module], role)
             tensor = to_torch(array)
             if tuple(tensor.shape) != tuple(param.shape):

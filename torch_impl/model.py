@@ -3,7 +3,8 @@
 Mirrors jax_impl/model.py. `CausalLM.forward` validates token ids at the boundary, builds positions and
 the causal/padding mask once, runs the layers in the dual-variable flow, and applies the final norm
 (which consumes the last layer's increment) and the head. A tied head is the embedding's Parameter
-itself: `lm_head.weight is model.embed_tokens.weight`.
+itself: `lm_head.weight is model.embed_tokens.weight`. With tp > 1 (torch_impl/tensor_parallel.py) the
+modules hold this rank's shard, sized by `module_spec`, and the logits are this rank's vocabulary shard.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from kernels import resolve_kernels
@@ -21,6 +23,8 @@ from torch_impl.embedding import Embedding
 from torch_impl.layernorm import RMSNorm
 from torch_impl.linear import Linear
 from torch_impl.rotary_embedding import RotaryEmbedding
+from torch_impl.tensor_parallel import rank_layout
+from torch_impl.vocab_parallel import mask_padding
 
 if TYPE_CHECKING:
     from torch_impl.kv_cache import KVCache
@@ -40,12 +44,18 @@ def default_positions(key_valid: torch.Tensor, q_start: int, q_len: int) -> torc
 
 
 class Model(nn.Module):
-    def __init__(self, spec: ModelSpec, *, kernels: str = "reference"):
+    def __init__(
+        self, spec: ModelSpec, *, kernels: str = "reference", tp: int = 1, group: dist.ProcessGroup | None = None
+    ):
         super().__init__()
-        self.spec = spec
-        self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i, kernels=kernels) for i in range(spec.num_hidden_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, kernels=kernels)
+        layout = rank_layout(spec, tp, group)
+        self.spec = local = layout.local_spec  # this rank's heads, features and vocabulary rows
+        h = spec.hidden_size
+        self.embed_tokens = Embedding(local.vocab_size, h, tp=tp, vocab_start=layout.vocab_start, group=group)
+        self.layers = nn.ModuleList(
+            DecoderLayer(local, i, kernels=kernels, tp=tp, group=group) for i in range(spec.num_hidden_layers)
+        )
+        self.norm = RMSNorm(h, spec.rms_norm_eps, kernels=kernels)
         self.rotary_emb = RotaryEmbedding(spec)
 
     def forward(
@@ -73,12 +83,19 @@ class Model(nn.Module):
 
 
 class CausalLM(nn.Module):
-    def __init__(self, spec: ModelSpec, *, kernels: str = "reference"):
+    def __init__(
+        self, spec: ModelSpec, *, kernels: str = "reference", tp: int = 1, group: dist.ProcessGroup | None = None
+    ):
+        """`spec` is the whole model's (ids and positions are checked against it); tp > 1 builds this rank's
+        shard in process `group` (the degree is the group's size)."""
         super().__init__()
         self.spec = spec
+        self.layout = rank_layout(spec, tp, group)
+        self.module_spec = self.layout.local_spec  # what the modules and the KV cache are sized by
+        self.group = group
         self.kernels = resolve_kernels(kernels, on_gpu=torch.cuda.is_available())
-        self.model = Model(spec, kernels=self.kernels)
-        self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.model = Model(spec, kernels=self.kernels, tp=tp, group=group)
+        self.lm_head = Linear(spec.hidden_size, self.module_spec.vocab_size, bias=False)
         self.eos_token_ids: tuple[int, ...] = ()  # set by the loader from the checkpoint
         self.tie_weights()
 
@@ -113,6 +130,8 @@ class CausalLM(nn.Module):
         if cache is not None:
             cache.advance(t)
         logits = self.lm_head(hidden)  # tied: the embedding table itself, F.linear(x, E)
+        if self.layout.padded_vocab != self.spec.vocab_size:  # padding rows of a sharded vocabulary: never chosen
+            logits = mask_padding(logits, self.layout.vocab_start, self.spec.vocab_size)
         if trace is not None:
             trace["logits"] = logits
         return logits

@@ -1,11 +1,12 @@
 """Launching a tensor-parallel run: a local process group, rank 0's result back in the caller.
 
-Companion of torch_impl/tensor_parallel.py (the sharded model and greedy decoding) and what a CLI calls
-(`decoder-parity check --tp N`, `generate --tp N`): `run_tp` spawns `tp_size` processes with
-torch.multiprocessing, joins them in one gloo (CPU) or nccl (one GPU per rank) group and returns rank 0's
-result, re-raising a rank's exception with its own type; `tp_logits` and `tp_generate` validate the
-request in the caller, before any process starts, then load a shard per rank. Under torchrun, call
-`from_pretrained_tp` / `generate_tp` directly in each process instead.
+Companion of torch_impl/tensor_parallel.py and what a CLI calls (`decoder-parity check --tp N`,
+`generate --tp N`): `run_tp` spawns `tp` processes with torch.multiprocessing, joins them in one gloo (CPU)
+or nccl (one GPU per rank) group and returns rank 0's result, re-raising a rank's exception with its own
+type; `launch_logits` and `launch_generate` take a checkpoint path, validate the request in the caller
+before any process starts, then load a shard per rank with the ordinary `from_pretrained(..., group=...)`
+and call the ordinary forward / `generate`. JAX needs no launcher: one process drives every device.
+Under torchrun, call `from_pretrained(path, group=dist.group.WORLD)` and `generate` in each process instead.
 """
 
 from __future__ import annotations
@@ -25,30 +26,32 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from spec import ConfigError, DecoderParityError, ModelSpec, check_token_ids
+from spec.parallel import check_tp_degree
 from spec.generation import Generation, prepare_prompts
-from torch_impl.tensor_parallel import check_tp_degree, from_pretrained_tp, generate_tp
+from torch_impl.generate import generate
+from torch_impl.loader import from_pretrained
 from torch_impl.vocab_parallel import gather_logits
 
-__all__ = ["run_tp", "tp_device", "tp_generate", "tp_logits"]
+__all__ = ["launch_generate", "launch_logits", "run_tp", "tp_device"]
 
 
 def run_tp(
-    fn: Callable[..., Any], tp_size: int, *args: Any, backend: str = "gloo", timeout: timedelta | None = None
+    fn: Callable[..., Any], tp: int, *args: Any, backend: str = "gloo", timeout: timedelta | None = None
 ) -> Any:
-    """Run `fn(*args)` in `tp_size` spawned processes joined in one process group; return rank 0's result.
+    """Run `fn(*args)` in `tp` spawned processes joined in one process group; return rank 0's result.
 
     The group meets through a file in a private temporary directory (no port to pick); gloo binds the
     loopback interface, nccl gives rank r the GPU cuda:r (see `tp_device`). `fn` and `args` must be
     picklable (module-level functions). A rank's exception is re-raised here with its original type
     (a DecoderParityError from any rank is preferred over the errors it causes in the others).
     """
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        raise ConfigError(f"tensor-parallel degree must be a positive integer, got {tp_size!r}")
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ConfigError(f"tensor-parallel degree must be a positive integer, got {tp!r}")
     with tempfile.TemporaryDirectory(prefix="decoder-parity-tp-") as workdir:
         try:
-            mp.spawn(_worker, args=(fn, tp_size, backend, workdir, timeout, args), nprocs=tp_size, join=True)
+            mp.spawn(_worker, args=(fn, tp, backend, workdir, timeout, args), nprocs=tp, join=True)
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:
-            _reraise(Path(workdir), tp_size, failure.error_index, failure)
+            _reraise(Path(workdir), tp, failure.error_index, failure)
             raise
         with open(Path(workdir) / "result.pkl", "rb") as f:  # written by our rank 0 in our private directory
             return pickle.load(f)
@@ -62,17 +65,17 @@ def tp_device() -> torch.device:
 
 
 def _worker(
-    rank: int, fn: Callable[..., Any], tp_size: int, backend: str, workdir: str, timeout: timedelta | None, args: tuple
+    rank: int, fn: Callable[..., Any], tp: int, backend: str, workdir: str, timeout: timedelta | None, args: tuple
 ) -> None:
     if backend == "gloo":
         loopback = next((name for _, name in _socket_interfaces() if name.startswith("lo")), None)
         if loopback is not None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)  # never leave the machine
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp_size))  # ranks share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))  # ranks share the cores
     elif backend == "nccl":
         torch.cuda.set_device(rank)
     kwargs = {} if timeout is None else {"timeout": timeout}
-    dist.init_process_group(backend, init_method=f"file://{workdir}/store", rank=rank, world_size=tp_size, **kwargs)
+    dist.init_process_group(backend, init_method=f"file://{workdir}/store", rank=rank, world_size=tp, **kwargs)
     try:
         result = fn(*args)
         if rank == 0:
@@ -106,10 +109,10 @@ def _save_error(path: Path, err: BaseException) -> None:
     path.write_bytes(payload)
 
 
-def _reraise(workdir: Path, tp_size: int, failed_rank: int, failure: Exception) -> None:
+def _reraise(workdir: Path, tp: int, failed_rank: int, failure: Exception) -> None:
     """Raise the exception a rank saved (its own type, its traceback as a note); return if there is none."""
     errors = {}
-    for rank in range(tp_size):  # every rank that saved an error before spawn stopped it
+    for rank in range(tp):  # every rank that saved an error before spawn stopped it
         path = workdir / f"error{rank}.pkl"
         if path.is_file():
             errors[rank] = pickle.loads(path.read_bytes())  # written by our own worker, in our directory
@@ -123,45 +126,45 @@ def _reraise(workdir: Path, tp_size: int, failed_rank: int, failure: Exception) 
     raise err from failure
 
 
-def tp_logits(
+def launch_logits(
     path: str | Path,
     input_ids: np.ndarray | Sequence[Sequence[int]],
-    tp_size: int,
+    tp: int,
     *,
     attention_mask: np.ndarray | None = None,
     dtype: torch.dtype | str = torch.float32,
     kernels: str = "reference",
     backend: str = "gloo",
 ) -> torch.Tensor:
-    """Full logits [B, T, V] of a `tp_size`-way sharded forward, gathered (the check path), on the CPU."""
+    """Full logits [B, T, V] of a `tp`-way sharded forward, gathered (the check path), on the CPU."""
     spec = ModelSpec.from_pretrained(path)
-    check_tp_degree(spec, tp_size)  # fail here, before any process starts
+    check_tp_degree(spec, tp)  # fail here, before any process starts
     ids = check_token_ids(np.asarray(input_ids), spec)
-    return run_tp(_logits_worker, tp_size, str(path), ids, attention_mask, dtype, kernels, backend=backend)
+    return run_tp(_logits_worker, tp, str(path), ids, attention_mask, dtype, kernels, backend=backend)
 
 
-def tp_generate(
+def launch_generate(
     path: str | Path,
     input_ids: np.ndarray | Sequence[Sequence[int]],
     max_new_tokens: int,
-    tp_size: int,
+    tp: int,
     *,
     dtype: torch.dtype | str = torch.float32,
     kernels: str = "reference",
     backend: str = "gloo",
     **generate_kwargs: Any,
 ) -> Generation:
-    """`generate_tp` on a `tp_size`-way sharded model; rank 0's Generation. A `stream` must be picklable
+    """`generate` on a `tp`-way sharded model; rank 0's Generation. A `stream` must be picklable
     (a module-level function); it runs in rank 0's process."""
     spec = ModelSpec.from_pretrained(path)
-    check_tp_degree(spec, tp_size)
+    check_tp_degree(spec, tp)
     prepare_prompts(input_ids, spec, max_new_tokens, generate_kwargs.get("attention_mask"))  # validate here
     args = (str(path), input_ids, max_new_tokens, dtype, kernels, generate_kwargs)
-    return run_tp(_generate_worker, tp_size, *args, backend=backend)
+    return run_tp(_generate_worker, tp, *args, backend=backend)
 
 
 def _logits_worker(path: str, ids: np.ndarray, mask: np.ndarray | None, dtype: Any, kernels: str) -> Any:
-    model = from_pretrained_tp(path, dtype, device=tp_device(), kernels=kernels)
+    model = from_pretrained(path, dtype, device=tp_device(), kernels=kernels, group=dist.group.WORLD)
     with torch.inference_mode():
         local = model(ids, attention_mask=mask)  # [B, T, shard]
         full = gather_logits(local, model.spec.vocab_size, model.group)  # the explicit request: [B, T, V]
@@ -171,7 +174,7 @@ def _logits_worker(path: str, ids: np.ndarray, mask: np.ndarray | None, dtype: A
 def _generate_worker(
     path: str, ids: Any, max_new_tokens: int, dtype: Any, kernels: str, kwargs: dict[str, Any]
 ) -> Generation:
-    model = from_pretrained_tp(path, dtype, device=tp_device(), kernels=kernels)
+    model = from_pretrained(path, dtype, device=tp_device(), kernels=kernels, group=dist.group.WORLD)
     if dist.get_rank() != 0:
         kwargs = {**kwargs, "stream": None}
-    return generate_tp(model, ids, max_new_tokens, **kwargs)
+    return generate(model, ids, max_new_tokens, **kwargs)

@@ -1,50 +1,50 @@
-"""Run either backend (or transformers) the same way from a test: ids in, float32 numpy out."""
+"""Helpers every test shares: reach either backend by name, and turn any tensor into float32 numpy.
+
+Loading a checkpoint and running one forward (both backends, and transformers) is parity.capture's job; the
+tests use it wherever a trace or the logits are all they need. `load` is here only for tests that need the
+model object itself (generation, keyword arguments of the forward, attributes of the loaded model).
+"""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 BACKENDS = ("torch", "jax")
 
 
-def load(backend: str, directory: Path, dtype: str = "float32", kernels: str = "reference"):
-    if backend == "torch":
-        import torch_impl
-
-        return torch_impl.from_pretrained(directory, dtype, kernels=kernels)
-    import jax_impl
-
-    return jax_impl.from_pretrained(directory, dtype, kernels=kernels)
+def package(backend: str) -> ModuleType:
+    """The backend's package (torch_impl or jax_impl): both expose from_pretrained and generate alike."""
+    return importlib.import_module(f"{backend}_impl")
 
 
-def to_numpy(x) -> np.ndarray:
-    """A float32 numpy copy of a torch tensor or a jax array (any float dtype)."""
-    if hasattr(x, "detach"):
+def load(backend: str, directory: Path, dtype: str = "float32", kernels: str = "reference") -> Any:
+    return package(backend).from_pretrained(directory, dtype, kernels=kernels)
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A float32 numpy copy of a torch tensor, a jax array or a numpy array (any float dtype).
+
+    JAX arrays are cast in numpy (ml_dtypes for bfloat16), not by `x.astype`: an eager JAX cast costs an
+    XLA compile per new shape. Every cast here is exact (float32 holds every bf16/fp16 value).
+    """
+    if hasattr(x, "detach"):  # torch
         return x.detach().float().cpu().numpy()
-    return np.asarray(x.astype("float32"))
+    return np.asarray(x).astype(np.float32)
 
 
-def run(model, ids, **kwargs) -> np.ndarray:
+def run(model: Any, ids: Any, **kwargs: Any) -> np.ndarray:
+    """The model's forward on `ids` as float32 numpy (torch under inference_mode)."""
     if hasattr(model, "parameters"):  # torch
         import torch
 
         with torch.inference_mode():
             return to_numpy(model(ids, **kwargs))
     return to_numpy(model(ids, **kwargs))
-
-
-def run_hf(directory: Path, ids: np.ndarray, dtype: str = "float32", hidden_states: bool = False):
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).eval()
-    with torch.inference_mode():
-        out = model(torch.as_tensor(ids), output_hidden_states=hidden_states)
-    if hidden_states:
-        return to_numpy(out.logits), [to_numpy(h) for h in out.hidden_states]
-    return to_numpy(out.logits)
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:

@@ -1,4 +1,5 @@
-"""jax_impl specifics: a tied model has no head parameter, one jit entry point, dtype on load."""
+"""jax_impl's model: the behaviour both twins share (tests/twins/model.py), then JAX specifics: a tied model
+has no head parameter, one jit entry point, dtype on load."""
 
 from __future__ import annotations
 
@@ -8,6 +9,20 @@ from flax import nnx
 
 import jax_impl
 import spec
+from jax_impl.layernorm import RMSNorm
+from tests.backends import to_numpy
+from tests.twins.model import ModelTwin
+
+
+class TestModelTwin(ModelTwin):
+    backend = "jax"
+    other_framework = ("torch", "triton")
+
+    def rms_norm(self, x, weight, eps, residual=None):
+        norm = RMSNorm(x.shape[-1], eps, dtype=jnp.float32)
+        norm.weight[...] = jnp.asarray(weight)
+        out = norm(jnp.asarray(x)) if residual is None else norm(jnp.asarray(x), jnp.asarray(residual))
+        return to_numpy(out) if residual is None else tuple(to_numpy(o) for o in out)
 
 
 def test_tied_model_has_no_head_parameter(default_dir):

@@ -1,4 +1,5 @@
-"""torch_impl specifics: the tied head is one Parameter, loading casts, the twin's structure."""
+"""torch_impl's model: the behaviour both twins share (tests/twins/model.py), then torch specifics: the tied
+head is one Parameter, loading casts, the twin's structure."""
 
 from __future__ import annotations
 
@@ -6,6 +7,21 @@ import torch
 
 import spec
 import torch_impl
+from tests.backends import to_numpy
+from tests.twins.model import ModelTwin
+from torch_impl.layernorm import RMSNorm
+
+
+class TestModelTwin(ModelTwin):
+    backend = "torch"
+    other_framework = ("jax", "jaxlib", "flax")
+
+    def rms_norm(self, x, weight, eps, residual=None):
+        norm = RMSNorm(x.shape[-1], eps)
+        with torch.no_grad():
+            norm.weight.copy_(torch.as_tensor(weight))
+            out = norm(torch.as_tensor(x)) if residual is None else norm(torch.as_tensor(x), torch.as_tensor(residual))
+        return to_numpy(out) if residual is None else tuple(to_numpy(o) for o in out)
 
 
 def test_tied_head_is_the_embedding_parameter(default_dir):

@@ -1,0 +1,30 @@
+"""jax_impl.generate: the generation behaviour both twins share (tests/twins/generate.py), then what only
+JAX has to prove: a decode step compiles once."""
+
+from __future__ import annotations
+
+import jax
+
+import jax_impl
+from tests.twins.generate import GenerateTwin
+
+
+class TestGenerateTwin(GenerateTwin):
+    backend = "jax"
+
+
+def test_decode_step_compiles_once(default_dir):
+    """Counts XLA backend compilations (jax.monitoring): none after the first decode step, none on a repeat."""
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, _seconds, **_kw: compiles.append(event) if event.endswith("backend_compile_duration") else None
+    )
+    model = jax_impl.from_pretrained(default_dir)
+    at_step = []
+    jax_impl.generate(model, [[1, 2, 3]], 12, eos_token_ids=(), stream=lambda step, _t: at_step.append(len(compiles)))
+    assert len(at_step) == 12
+    # stream(step) runs before decode step `step + 1` is launched: steps 2..11 must reuse step 1's program
+    assert at_step[-1] == at_step[2], f"compilations during decoding: {at_step}"
+    before = len(compiles)
+    jax_impl.generate(model, [[4, 5, 6]], 12, eos_token_ids=())  # same request shape
+    assert len(compiles) == before, "a repeated request shape must not compile again"

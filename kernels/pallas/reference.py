@@ -1,6 +1,6 @@
 """Plain-JAX references for the fused ops, and the argument checks every implementation shares.
 
-The JAX twin of kernels/triton/reference.py: the same contract (DESIGN.md, "Numerics contract of
+The JAX twin of kernels/triton/reference.py: the same contract (docs/design.md, "The numerics contract of
 add_rms_norm"), the same error messages. The Pallas kernels in this package are tested against these
 functions and jax_impl calls them on `kernels="reference"`. No pallas import here.
 

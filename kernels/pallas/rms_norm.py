@@ -1,6 +1,6 @@
 """Fused residual add + RMSNorm as a Pallas kernel (JAX). Twin of kernels/triton/rms_norm.py.
 
-Contract and numerics: kernels/pallas/reference.py::add_rms_norm_reference (DESIGN.md, "Numerics contract
+Contract and numerics: kernels/pallas/reference.py::add_rms_norm_reference (docs/design.md, "The numerics contract
 of add_rms_norm"). Three layers, like the Triton twin:
 
     _add_rms_norm_kernel   Pallas kernel: one program normalizes BLOCK_ROWS whole rows

@@ -1,6 +1,6 @@
 """Plain-PyTorch references for the fused ops, and the argument checks every implementation shares.
 
-These functions *are* the contract (DESIGN.md, "Numerics contract of add_rms_norm"): the Triton kernels in
+These functions *are* the contract (docs/design.md, "The numerics contract of add_rms_norm"): the Triton kernels in
 this package are tested against them, torch_impl calls them on `kernels="reference"`, and their JAX twins
 live in kernels/pallas/reference.py. No triton import here: the reference path must work without triton.
 

@@ -1,6 +1,6 @@
 """Fused residual add + RMSNorm as a Triton kernel (PyTorch). Twin of kernels/pallas/rms_norm.py.
 
-Contract and numerics: kernels/triton/reference.py::add_rms_norm_reference (DESIGN.md, "Numerics contract
+Contract and numerics: kernels/triton/reference.py::add_rms_norm_reference (docs/design.md, "The numerics contract
 of add_rms_norm"). Three layers, Liger-Kernel style:
 
     _add_rms_norm_kernel   @triton.jit: one program normalizes BLOCK_ROWS whole rows held in registers

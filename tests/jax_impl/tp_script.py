@@ -1,12 +1,11 @@
-"""Run in a subprocess with N simulated CPU devices (XLA_FLAGS must be set before jax is imported).
+"""Run in a subprocess with N simulated CPU devices (set by parity.prepare_environment before JAX starts).
 
-Prints one JSON line of measurements that tests/jax_impl/test_sharding.py asserts on.
+Prints one JSON line of measurements that tests/jax_impl/test_tensor_parallel.py asserts on.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 
@@ -27,16 +26,17 @@ def main(directory: str, tp: int, dp: int) -> dict:
     import numpy as np
 
     import jax_impl
-    from jax_impl import sharding
+    from jax_impl import tensor_parallel
+    from jax_impl.vocab_parallel import gather_logits
 
     ref = jax_impl.from_pretrained(directory)
     spec = ref.spec
     ids = np.random.default_rng(0).integers(0, spec.vocab_size, (2 * dp, 11))
     full = np.asarray(ref(ids))
-    mesh = sharding.make_mesh(tp, dp)
+    mesh = tensor_parallel.make_mesh(tp, dp)
     model = jax_impl.from_pretrained(directory, mesh=mesh)
-    logits = sharding.sharded_logits(model, ids, mesh)
-    gathered = sharding.gather_logits(logits, spec)
+    logits = tensor_parallel.sharded_logits(model, ids, mesh)
+    gathered = np.asarray(gather_logits(logits, spec.vocab_size))
     table = model.model.embed_tokens.weight[...]
     out = {
         "rel_err": float(np.abs(gathered - full).max() / np.abs(full).max()),
@@ -44,7 +44,19 @@ def main(directory: str, tp: int, dp: int) -> dict:
         "table_shard_rows": sorted({s.data.shape[0] for s in table.addressable_shards}),
         "vocab_padded": int(table.shape[0]),
         "tied_no_head": model.lm_head is None,
+        "gathered_spec": str(gather_logits(logits, spec.vocab_size).sharding.spec),
     }
+    # The kv-head rule torch ranks follow: the device at "model" coordinate r holds kv head r * n_kv // tp.
+    k_proj = model.model.layers[0].self_attn.k_proj.kernel[...]  # Flax [H, kv_heads_in_layout * d]
+    k_ref = np.asarray(ref.model.layers[0].self_attn.k_proj.kernel[...])
+    d, n_kv = spec.head_dim, spec.num_key_value_heads
+    heads_ok = []
+    for shard in k_proj.addressable_shards:
+        rank = shard.index[1].start // shard.data.shape[1]
+        per_rank = shard.data.shape[1] // d
+        first = rank * n_kv // tp if n_kv < tp else rank * per_rank
+        heads_ok.append(bool(np.array_equal(np.asarray(shard.data), k_ref[:, first * d : (first + per_rank) * d])))
+    out["kv_heads_as_torch_ranks"] = heads_ok
     prompt = ids[:dp]
     alone = jax_impl.generate(ref, prompt, 12, eos_token_ids=()).tokens
     sharded = jax_impl.generate(model, prompt, 12, eos_token_ids=(), mesh=mesh).tokens
@@ -52,12 +64,13 @@ def main(directory: str, tp: int, dp: int) -> dict:
     # The compiled greedy decode step: no all-gather may produce a full-vocabulary dimension.
     from flax import nnx
 
-    from jax_impl.generate import SamplingParams
+    from jax_impl.generate import SamplingParams, step_functions
     from jax_impl.kv_cache import KVCache
 
     graphdef, state = nnx.split(model)
-    cache = KVCache.create(spec, dp, 16, table.dtype)
-    _, decode, cache = sharding.sharded_steps(mesh, graphdef, SamplingParams(), state, cache)
+    cache = KVCache.create(model.module_spec, dp, 16, table.dtype)
+    steps = step_functions(graphdef, jax.tree.structure(state), SamplingParams())
+    _, decode, cache = tensor_parallel.sharded_steps(mesh, steps, state, cache)
     with jax.set_mesh(mesh):
         args = (
             jax.tree.leaves(state),
@@ -84,12 +97,12 @@ def control(tp: int) -> dict:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from jax_impl import sharding
+    from jax_impl import tensor_parallel
 
-    mesh = sharding.make_mesh(tp)
+    mesh = tensor_parallel.make_mesh(tp)
     gather = jax.jit(
         lambda logits: jnp.argmax(jax.lax.with_sharding_constraint(logits, NamedSharding(mesh, P())), -1),
-        in_shardings=NamedSharding(mesh, P(None, sharding.MODEL)),
+        in_shardings=NamedSharding(mesh, P(None, tensor_parallel.MODEL)),
     )
     hlo = gather.lower(np.zeros((1, 264), np.float32)).compile().as_text()
     return {"control_gathers": all_gathers_with_dim(hlo, 264)}
@@ -97,5 +110,7 @@ def control(tp: int) -> dict:
 
 if __name__ == "__main__":
     directory, devices, tp, dp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"  # before jax is imported
+    from parity.environment import prepare_environment
+
+    prepare_environment(tp=devices)  # before JAX starts: the one place the device count is set
     print(json.dumps({**main(directory, tp, dp), **control(tp)}))

@@ -1,5 +1,7 @@
 """Tensor parallelism (torch_impl/tensor_parallel.py, vocab_parallel.py, tp_launch.py) on 2 and 4 gloo processes.
 
+The slicing itself (spec/parallel.py, the partition table) is tested in tests/spec/test_parallel.py.
+
 Spawning a process group costs seconds on a small CPU, so each degree spawns once and one worker runs
 every check on every rank (`_rank_checks`), returning plain data that the test asserts on. Two
 checkpoints: the built-in default (Qwen3, tied, 4 heads / 2 kv heads, V=263: padded at tp 2 and 4, kv
@@ -20,16 +22,9 @@ from torch.utils._pytree import tree_leaves
 import spec
 import torch_impl
 from spec import ConfigError, InputError, ModelSpec
-from torch_impl.tensor_parallel import (
-    ShardLayout,
-    check_tp_degree,
-    from_pretrained_tp,
-    gather_logits,
-    generate_tp,
-    greedy_token,
-    shard_param,
-)
-from torch_impl.tp_launch import run_tp, tp_generate, tp_logits
+from spec.parallel import check_tp_degree
+from torch_impl.tp_launch import launch_generate, launch_logits, run_tp
+from torch_impl.vocab_parallel import gather_logits, greedy_token
 
 IDS = np.array([[0, 0, 0, 5, 17, 250, 3], [11, 262, 1, 2, 3, 4, 100]])  # row 0 left-padded by MASK
 MASK = np.array([[0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
@@ -94,8 +89,9 @@ def _rank_checks(cases: list[tuple[str, bool]]) -> tuple[list[list[dict]], list[
     ties = greedy_token(crafted, 4 * rank).tolist()
     results = []
     for path, also_bf16 in cases:
-        model = from_pretrained_tp(path)
+        model = torch_impl.from_pretrained(path, group=dist.group.WORLD)
         v, group, out = model.spec.vocab_size, model.group, {}
+        real = min(max(v - model.layout.vocab_start, 0), model.layout.vocab_shard)  # this shard's real rows
         weights = list(model.parameters())  # de-duplicated: a tied head is not a second tensor
         out["tied_is_embedding"] = model.lm_head.weight is model.model.embed_tokens.weight
         out["n_vocab_tensors"] = sum(p.shape[0] == model.layout.vocab_shard for p in weights)
@@ -104,17 +100,17 @@ def _rank_checks(cases: list[tuple[str, bool]]) -> tuple[list[list[dict]], list[
         with torch.inference_mode():
             local = model(IDS, attention_mask=MASK)
             out["local_logits_shape"] = tuple(local.shape)
-            out["n_padding"] = local.shape[-1] - model.lm_head.real
-            out["padding_is_neg_inf"] = bool(torch.isneginf(local[..., model.lm_head.real :]).all())
+            out["n_padding"] = local.shape[-1] - real
+            out["padding_is_neg_inf"] = bool(torch.isneginf(local[..., real:]).all())
             out["logits"] = gather_logits(local, v, group).numpy()
             with ShapeRecorder() as greedy:
-                out["tokens"] = generate_tp(model, PROMPTS, NEW_TOKENS, eos_token_ids=()).tokens
+                out["tokens"] = torch_impl.generate(model, PROMPTS, NEW_TOKENS, eos_token_ids=()).tokens
             out["greedy_full_vocab"] = greedy.at_least(v)
             out["greedy_ops"] = len(greedy.shapes)
             with ShapeRecorder() as control:  # the detector must see the explicit gather
                 gather_logits(local[:, -1], v, group)
             out["control_full_vocab"] = control.at_least(v)
-            sampled = generate_tp(model, PROMPTS, NEW_TOKENS, eos_token_ids=(), return_logits=True, **SAMPLING)
+            sampled = torch_impl.generate(model, PROMPTS, NEW_TOKENS, eos_token_ids=(), return_logits=True, **SAMPLING)
             out["sampled"], out["sampled_logits"] = sampled.tokens, sampled.logits
             for bad in (v, model.layout.padded_vocab - 1, -1):  # past V (some inside the padding), negative
                 try:
@@ -123,7 +119,7 @@ def _rank_checks(cases: list[tuple[str, bool]]) -> tuple[list[list[dict]], list[
                 except InputError as err:
                     out.setdefault("bad_ids", []).append(str(err))
         if also_bf16:
-            model = from_pretrained_tp(path, "bfloat16")
+            model = torch_impl.from_pretrained(path, "bfloat16", group=dist.group.WORLD)
             with torch.inference_mode():
                 out["logits_bf16"] = gather_logits(model(IDS, attention_mask=MASK), v, group).float().numpy()
         gathered = [None] * dist.get_world_size()
@@ -196,29 +192,7 @@ def test_bad_degree_names_what_does_not_divide(default_dir):
         with pytest.raises(ConfigError, match="positive integer"):
             check_tp_degree(spec.DEFAULT_SPEC, bad)
     with pytest.raises(ConfigError, match="degree 3"):  # refused before any process is spawned
-        tp_logits(default_dir, IDS, 3)
-
-
-@pytest.mark.parametrize("tp", [1, 2, 4])
-def test_shards_reassemble_the_full_parameters(tp, qwen2_dir):
-    """Pure slicing, no processes: concatenating every rank's shard gives back each packed parameter."""
-    s = QWEN2_SPEC
-    layouts = [ShardLayout(s, tp, r) for r in range(tp)]
-    assert [list(lay.kv_heads) for lay in layouts] == [[r * s.num_key_value_heads // tp] for r in range(tp)]
-    for module, role, kind, array in spec.runtime_params(spec.Checkpoint(qwen2_dir), s):
-        shards = [shard_param(lay, module, role, kind, array) for lay in layouts]
-        name = module.rsplit(".", 1)[-1]
-        if kind == spec.params.NORM or name in ("k_proj", "v_proj"):  # replicated (a single kv head)
-            rebuilt = shards[0]
-        elif name in ("o_proj", "down_proj"):
-            rebuilt = np.concatenate(shards, axis=1)
-        elif name == "gate_up_proj":  # each shard is [gate_r; up_r]
-            half = s.intermediate_size // tp
-            rebuilt = np.concatenate([x[:half] for x in shards] + [x[half:] for x in shards])
-        else:
-            rebuilt = np.concatenate(shards)[: array.shape[0]]  # drops the vocabulary padding
-            assert not np.concatenate(shards)[array.shape[0] :].any()  # padding rows are zero
-        np.testing.assert_array_equal(rebuilt, array, err_msg=f"{module}.{role} at tp={tp}")
+        launch_logits(default_dir, IDS, 3)
 
 
 def _raise_on_rank_one() -> None:
@@ -233,6 +207,6 @@ def test_a_rank_error_reaches_the_caller_with_its_type():
 
 
 def test_launcher_entry_points(default_dir):
-    """What a CLI calls: tp_generate returns rank 0's Generation, tokens as the unsharded model's."""
+    """What a CLI calls: launch_generate returns rank 0's Generation, tokens as the unsharded model's."""
     ref = torch_impl.generate(torch_impl.from_pretrained(default_dir), PROMPTS, 4, eos_token_ids=())
-    assert tp_generate(default_dir, PROMPTS, 4, 2, eos_token_ids=()).tokens == ref.tokens
+    assert launch_generate(default_dir, PROMPTS, 4, 2, eos_token_ids=()).tokens == ref.tokens

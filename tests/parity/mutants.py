@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import pytest
 
@@ -38,27 +39,16 @@ class Mutant:
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
-def _patch_loaded_torch(mp: pytest.MonkeyPatch, change: Callable) -> None:
-    """Wrap torch_impl.from_pretrained so that `change(model)` runs on every model it loads."""
-    original = torch_impl.from_pretrained
+def _patch_loaded(mp: pytest.MonkeyPatch, backend: ModuleType, change: Callable) -> None:
+    """Wrap `backend.from_pretrained` (torch_impl or jax_impl) so that `change(model)` runs on every model it loads."""
+    original = backend.from_pretrained
 
     def load(*args, **kwargs):
         model = original(*args, **kwargs)
         change(model)
         return model
 
-    mp.setattr(torch_impl, "from_pretrained", load)
-
-
-def _patch_loaded_jax(mp: pytest.MonkeyPatch, change: Callable) -> None:
-    original = jax_impl.from_pretrained
-
-    def load(*args, **kwargs):
-        model = original(*args, **kwargs)
-        change(model)
-        return model
-
-    mp.setattr(jax_impl, "from_pretrained", load)
+    mp.setattr(backend, "from_pretrained", load)
 
 
 def _torch_norm(variant: str) -> Callable[[pytest.MonkeyPatch], None]:
@@ -179,7 +169,7 @@ MUTANTS: list[Mutant] = [
         "torch",
         "layers.0.mlp.gate_up",
         "the merged projection's output halves trade places; everything before it is untouched",
-        lambda mp: _patch_loaded_torch(mp, _swap_gate_up),
+        lambda mp: _patch_loaded(mp, torch_impl, _swap_gate_up),
     ),
     Mutant(
         "gelu_instead_of_silu",
@@ -204,14 +194,14 @@ MUTANTS: list[Mutant] = [
         "torch",
         "logits",
         "the embedding table itself is intact (embed matches); only the head's copy differs",
-        lambda mp: _patch_loaded_torch(mp, _untie_and_quantize_head),
+        lambda mp: _patch_loaded(mp, torch_impl, _untie_and_quantize_head),
     ),
     Mutant(
         "final_norm_misses_last_increment",
         "torch",
         "final_norm",
         "each layer's trace records x2 itself; only the final norm consumes the last increment",
-        lambda mp: _patch_loaded_torch(mp, _final_norm_skips_increment),
+        lambda mp: _patch_loaded(mp, torch_impl, _final_norm_skips_increment),
     ),
     Mutant(
         "eps_outside_sqrt",
@@ -242,7 +232,7 @@ MUTANTS: list[Mutant] = [
         "jax",
         "layers.0.attn.q",
         "q is normalized (then rotated) before it is traced",
-        lambda mp: _patch_loaded_jax(mp, _skip_qk_norm_jax),
+        lambda mp: _patch_loaded(mp, jax_impl, _skip_qk_norm_jax),
     ),
     Mutant(
         "causal_mask_off_by_one",
@@ -256,6 +246,6 @@ MUTANTS: list[Mutant] = [
         "torch",
         "layers.0.attn.q",
         "theta 1e6 replaced by 10000 changes every rotation at positions > 0; q is traced after RoPE",
-        lambda mp: _patch_loaded_torch(mp, _rope_theta_ignored),
+        lambda mp: _patch_loaded(mp, torch_impl, _rope_theta_ignored),
     ),
 ]

@@ -1,5 +1,5 @@
-"""spec is framework-neutral: importing it imports no framework (the backends' own isolation tests are in
-tests/twins/model.py, run by tests/torch_impl/test_model.py and tests/jax_impl/test_model.py)."""
+"""spec is framework-neutral: importing it imports no framework (docs/design.md, "Layout and dependency
+direction"). The backends' own isolation test is ModelTwin's (tests/twins/model.py)."""
 
 from __future__ import annotations
 

@@ -115,7 +115,8 @@ class ModelTwin:
             run(model, [[1, 2, 3, 4]], attention_mask=np.ones((1, 3)))
 
     def test_runs_without_the_other_framework(self, tmp_path):
-        """The backend imports and runs with the other framework absent (dependencies point one way)."""
+        """The backend imports and runs with the other framework absent: dependencies point one way
+        (docs/design.md, "Layout and dependency direction")."""
         blocked = set(self.other_framework)
         code = textwrap.dedent(ISOLATED_RUN).format(
             backend=f"{self.backend}_impl", blocked=blocked, cache=str(tmp_path)

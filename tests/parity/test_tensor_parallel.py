@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,12 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "parity", *args], capture_output=True, text=True, timeout=600, cwd=ROOT
     )
+
+
+def python(code: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter without XLA_FLAGS: whatever sets up the devices must be the project's own code."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
 
 
 def test_check_tp2_passes_and_compares_sharded_logits(default_dir):
@@ -33,3 +40,38 @@ def test_bad_degree_exits_2_naming_it(default_dir):
     result = cli("check", str(default_dir), "--tp", "3", "-q")
     assert result.returncode == 2
     assert "degree 3 does not fit this model: it does not divide num_attention_heads=4" in result.stderr
+
+
+def test_python_check_tp2_from_a_fresh_interpreter(default_dir):
+    """`parity.check(..., tp=2)` sets up the simulated devices itself: no XLA_FLAGS, no prior setup."""
+    code = (
+        "import os, sys, parity\n"
+        "assert 'XLA_FLAGS' not in os.environ and 'jax' not in sys.modules\n"
+        f"report = parity.check({str(default_dir)!r}, tp=2, seq_len=5)\n"
+        "labels = [c.label for c in report.comparisons]\n"
+        "print(report.passed, labels)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("True") and "torch/tp2 vs jax/tp2" in result.stdout, result.stdout
+
+
+def test_python_check_tp_after_jax_started_names_the_fix(default_dir):
+    """Once JAX has started with one CPU device, a larger mesh cannot be had: a clear InputError, not a crash."""
+    code = (
+        "import jax, jax.numpy as jnp, parity, spec\n"
+        "jnp.zeros(1).block_until_ready()\n"
+        "try:\n"
+        f"    parity.check({str(default_dir)!r}, tp=2, seq_len=5)\n"
+        "except spec.InputError as err:\n"
+        "    print('refused:', err)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "refused:" in result.stdout and "prepare_environment(tp=2)" in result.stdout, result.stdout

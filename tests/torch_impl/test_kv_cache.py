@@ -1,0 +1,55 @@
+"""torch_impl/kv_cache.py: layouts, filled slots, and the refusal of a write past capacity (twin of
+tests/jax_impl/test_kv_cache.py, same cases)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import spec
+import torch_impl
+from spec import InputError
+from torch_impl import KVCache
+
+SPEC = spec.DEFAULT_SPEC  # 2 layers, 2 kv heads, head_dim 24
+
+
+def _kv(t: int, fill: float) -> tuple[torch.Tensor, torch.Tensor]:
+    n_kv, d = SPEC.num_key_value_heads, SPEC.head_dim
+    return torch.full((1, n_kv, t, d), fill), torch.full((1, n_kv, d, t), fill)  # k [B, n_kv, T, d], v [.., d, T]
+
+
+def test_layouts_and_filled_slots():
+    cache = KVCache.create(SPEC, 1, 5, torch.float32)
+    assert tuple(cache.k.shape) == (SPEC.num_hidden_layers, 1, SPEC.num_key_value_heads, 5, SPEC.head_dim)
+    assert tuple(cache.v.shape) == (SPEC.num_hidden_layers, 1, SPEC.num_key_value_heads, SPEC.head_dim, 5)
+    k, v = cache.update(0, *_kv(3, 1.0))
+    assert k.shape[2] == 3 and v.shape[3] == 3 and bool((k == 1).all())
+    cache.advance(3)
+    k, v = cache.update(0, *_kv(2, 2.0))  # fills the cache exactly
+    assert k.shape[2] == 5 and torch.equal(k[0, 0, :, 0], torch.tensor([1.0, 1, 1, 2, 2]))
+
+
+def test_write_past_capacity_is_refused():
+    cache = KVCache.create(SPEC, 1, 4, torch.float32)
+    cache.update(0, *_kv(3, 1.0))
+    cache.advance(3)
+    before = cache.k.clone()
+    with pytest.raises(InputError, match=r"KV cache is full: 5 positions requested, capacity 4"):
+        cache.update(0, *_kv(2, 9.0))
+    assert torch.equal(cache.k, before)  # nothing was written
+
+
+def test_cache_larger_than_the_model_is_refused():
+    with pytest.raises(InputError, match="exceeds max_position_embeddings"):
+        KVCache.create(SPEC, 1, SPEC.max_position_embeddings + 1, torch.float32)
+
+
+def test_model_forward_past_capacity_is_refused(default_dir):
+    model = torch_impl.from_pretrained(default_dir)
+    cache = KVCache.create(model.module_spec, 1, 4, torch.float32)
+    with torch.inference_mode():
+        model(np.array([[1, 2, 3]]), cache=cache)
+        with pytest.raises(InputError, match="KV cache is full"):
+            model(np.array([[4, 5]]), attention_mask=np.ones((1, 5)), cache=cache)

@@ -1,7 +1,9 @@
 """`decoder-parity check [CHECKPOINT_DIR]`: the parity check from the command line.
 
 Prints the component table and a one-line verdict naming the first divergence on stdout, loading progress
-and stage lines on stderr. Exit 0 when parity holds, 1 when it does not, 2 for bad input (parity/__main__.py).
+and stage lines on stderr. Exit 0 when parity holds, 1 when it does not, 2 for bad input, 3 for an internal
+error (parity/__main__.py). Every option is checked before any work: ranges by argparse, output paths by
+opening them, the size of the run against the machine's memory (parity/inputs.py).
 """
 
 from __future__ import annotations
@@ -12,17 +14,14 @@ from pathlib import Path
 
 from kernels import KERNEL_CHOICES
 from parity.environment import prepare_environment
+from parity.inputs import int_option
 from parity.tolerances import TOLERANCES
+from spec.errors import InputError
+from spec.inputs import MAX_SEED
+from spec.json_fields import MAX_SIZE
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+_positive_int = int_option(1, MAX_SIZE)
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,7 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--prompt", metavar="TEXT", help="text, tokenized with the checkpoint's tokenizer.json")
     p.add_argument("--seq-len", type=_positive_int, default=None, help="length of the random ids (default 16)")
     p.add_argument("--batch", type=_positive_int, default=None, help="rows of random ids or prompt copies (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random ids (default 0)")
+    p.add_argument(
+        "--seed", type=int_option(0, MAX_SEED), default=0, help="seed of the random ids, in [0, 2**63) (default 0)"
+    )
     p.add_argument(
         "--no-baseline",
         action="store_true",
@@ -67,6 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.add_argument("--plot", metavar="PATH", help="plot the residual stream's error per layer (png/svg/pdf)")
     p.add_argument("--tolerances", action="store_true", help="print the tolerance table with its reasons and exit")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="load weights holding NaN/Inf instead of refusing the checkpoint (to debug a broken export)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress or stage lines on stderr")
     p.set_defaults(run=run)
 
@@ -77,31 +83,35 @@ def run(args: argparse.Namespace) -> int:
 
         print(describe(TOLERANCES[args.dtype]))
         return 0
+    if args.plot is not None and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError(f"--plot {args.plot}: the format comes from the suffix, one of {', '.join(PLOT_SUFFIXES)}")
     for path in (args.json, args.plot):  # fail before a long run, not after it
-        _check_writable(path)
+        check_writable(path)
     # Before anything imports triton or starts JAX (parity/environment.py).
     prepare_environment(args.kernels, args.tp)
     from parity.api import check
+    from spec import allow_nonfinite_weights
 
     def log(line: str) -> None:
         if not args.quiet:
             print(f"[decoder-parity] {line}", file=sys.stderr, flush=True)
 
-    report = check(
-        args.checkpoint,
-        dtype=args.dtype,
-        kernels=args.kernels,
-        reference=args.reference,
-        ids=args.ids,
-        prompt=args.prompt,
-        seq_len=args.seq_len,
-        batch=args.batch,
-        seed=args.seed,
-        baseline=not args.no_baseline,
-        progress=not args.quiet,
-        log=log,
-        tp=args.tp,
-    )
+    with allow_nonfinite_weights(args.allow_nonfinite):  # reaches both loaders through spec.runtime_params
+        report = check(
+            args.checkpoint,
+            dtype=args.dtype,
+            kernels=args.kernels,
+            reference=args.reference,
+            ids=args.ids,
+            prompt=args.prompt,
+            seq_len=args.seq_len,
+            batch=args.batch,
+            seed=args.seed,
+            baseline=not args.no_baseline,
+            progress=not args.quiet,
+            log=log,
+            tp=args.tp,
+        )
     print(report.format())
     if args.json:
         _write(lambda: report.save_json(args.json), args.json)
@@ -114,21 +124,28 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-def _check_writable(path: str | None) -> None:
-    from spec import InputError
-
+def check_writable(path: str | Path | None) -> None:
+    """Refuse an output path that cannot be written, by opening it for appending (nothing is truncated; a
+    file that did not exist is removed again). Permission bits alone would not do: root ignores them, and a
+    read-only file system or a full quota shows only when writing."""
     if path is None:
         return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir():
-        raise InputError(f"cannot write {path}: directory {parent} does not exist")
-    if Path(path).is_dir():
+    target = Path(path)
+    if target.is_dir():
         raise InputError(f"cannot write {path}: it is a directory")
+    if not target.resolve().parent.is_dir():
+        raise InputError(f"cannot write {path}: directory {target.resolve().parent} does not exist")
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as err:
+        raise InputError(f"cannot write {path}: {err.strerror or err}") from err
+    if not existed:
+        target.unlink(missing_ok=True)
 
 
 def _write(save, path: str) -> None:
-    from spec import InputError
-
     try:
         save()
     except OSError as err:

@@ -5,10 +5,19 @@ A checkpoint directory holds `config.json` and either `model.safetensors` or
 unpickling can execute code. `runtime_params` walks the parameter table, validates, packs (gate and up
 merged, gate first) and yields numpy arrays that the backends convert; it is the only loader logic
 the two backends share, so neither carries checkpoint names of its own.
+
+The shard names in an index are plain file names in the checkpoint directory: a name with a directory
+part (`../x`, `/etc/passwd`) is refused, so an index cannot make the loader open a file elsewhere. The shard
+files themselves may be symlinks (the Hugging Face cache links each snapshot's files to its blobs).
+Every tensor is scanned for NaN/Inf as it is read (spec/validate.py), unless non-finite weights are
+allowed, for debugging a broken export: `runtime_params(..., allow_nonfinite=True)`, or for everything
+loaded inside `with allow_nonfinite_weights():` (how the CLI's --allow-nonfinite reaches the loaders).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 from collections.abc import Iterator
@@ -17,15 +26,29 @@ from pathlib import Path
 import numpy as np
 
 from spec.config import ModelSpec
-from spec.errors import CheckpointError
+from spec.errors import CheckpointError, format_problems
+from spec.json_fields import load_json
 from spec.parallel import ShardLayout, shard_of
 from spec.params import ParamEntry, param_table, runtime_groups
 from spec.progress import Progress
 from spec.safetensors_io import SafetensorsFile, write_safetensors
+from spec.validate import check_finite, validate_checkpoint
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_ALLOW_NONFINITE = contextvars.ContextVar("allow_nonfinite", default=False)
+
+
+@contextlib.contextmanager
+def allow_nonfinite_weights(allow: bool = True) -> Iterator[None]:
+    """Within this block, `runtime_params` (hence both loaders) loads tensors holding NaN/Inf (or, with
+    allow=False, refuses them again). For debugging a broken export; scoped, never process-wide."""
+    token = _ALLOW_NONFINITE.set(allow)
+    try:
+        yield
+    finally:
+        _ALLOW_NONFINITE.reset(token)
 
 
 class Checkpoint:
@@ -37,6 +60,7 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint directory {self.directory} does not exist")
         self._files: dict[str, SafetensorsFile] = {}
         self._where: dict[str, SafetensorsFile] = {}
+        self._validated: ModelSpec | None = None
         index_path, single_path = self.directory / INDEX, self.directory / SINGLE
         if index_path.is_file():
             self._open_index(index_path)
@@ -45,7 +69,10 @@ class Checkpoint:
             self._files[SINGLE] = file
             self._where = dict.fromkeys(file.keys(), file)
         else:
-            pickles = sorted(p.name for p in self.directory.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+            try:
+                pickles = sorted(p.name for p in self.directory.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+            except OSError as err:
+                raise CheckpointError(f"cannot list {self.directory}: {err.strerror or err}") from err
             if pickles:
                 raise CheckpointError(
                     f"{self.directory} holds only pickled weights ({', '.join(pickles)}): they "
@@ -55,14 +82,23 @@ class Checkpoint:
             raise CheckpointError(f"{self.directory} has no {SINGLE} and no {INDEX}")
 
     def _open_index(self, index_path: Path) -> None:
-        try:
-            weight_map = json.loads(index_path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{index_path}: not a valid safetensors index ({err!r})") from err
+        index = load_json(index_path, CheckpointError)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else index
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(
+                f"{index_path}: not a valid safetensors index: needs a \"weight_map\" object mapping tensor names "
+                f"to shard file names, got {json.dumps(weight_map)[:80]}"
+            )
+        bad = [f"{n!r} -> {json.dumps(s)[:80]}" for n, s in weight_map.items() if not _plain_file_name(s)]
+        if bad:
+            raise CheckpointError(
+                f"{index_path}: shard names must be strings naming files directly in the checkpoint directory "
+                "(no directory part, no '..', not absolute):" + format_problems(bad)
+            )
         for name, shard in weight_map.items():
             if shard not in self._files:
                 shard_path = self.directory / shard
-                if not shard_path.is_file():
+                if not shard_path.is_file():  # follows symlinks: a Hugging Face cache's shards are links
                     raise CheckpointError(f"{index_path} maps {name!r} to shard {shard!r}, which is missing")
                 self._files[shard] = SafetensorsFile(shard_path)
             file = self._files[shard]
@@ -87,6 +123,25 @@ class Checkpoint:
             raise CheckpointError(f"{self.directory}: no tensor named {name!r}")
         return self._where[name].get(name)
 
+    def validate(self, spec: ModelSpec) -> None:
+        """`validate_checkpoint` once per spec (a loader validates before allocating; runtime_params again)."""
+        if self._validated != spec:
+            validate_checkpoint(self, spec)
+            self._validated = spec
+
+
+def _plain_file_name(shard: object) -> bool:
+    """A name that can only mean a file directly inside the checkpoint directory."""
+    return (
+        isinstance(shard, str)
+        and shard not in ("", ".", "..")
+        and "/" not in shard
+        and "\\" not in shard
+        and "\0" not in shard
+        and os.path.basename(shard) == shard
+        and not os.path.isabs(shard)
+    )
+
 
 def runtime_params(
     checkpoint: Checkpoint,
@@ -95,26 +150,35 @@ def runtime_params(
     *,
     progress: bool = False,
     layout: ShardLayout | None = None,
+    allow_nonfinite: bool | None = None,
 ) -> Iterator[tuple[str, str, str, np.ndarray]]:
     """Yield (module, role, kind, array) for every runtime parameter, packed (and cast to `dtype` if given).
 
     The checkpoint is validated first (all problems in one error). Arrays are in torch layout; a Flax
     loader transposes LINEAR kinds. Casting happens here, one tensor at a time, so peak host memory
     stays near one tensor beyond the model itself. With a tensor-parallel `layout`, each array is that
-    rank's slice (spec/parallel.py), cut from the memory map before anything is read.
+    rank's slice (spec/parallel.py), cut from the memory map before anything is read. Each tensor read is
+    scanned for NaN/Inf (a CheckpointError naming it) unless `allow_nonfinite` (None: the innermost
+    `allow_nonfinite_weights()` block's setting, else False).
     """
-    from spec.validate import validate_checkpoint  # validate imports this module
-
-    validate_checkpoint(checkpoint, spec)
+    allow = _ALLOW_NONFINITE.get() if allow_nonfinite is None else allow_nonfinite
+    checkpoint.validate(spec)
     groups = runtime_groups(spec)
     total_bytes = sum(checkpoint.nbytes(e.name) for entries in groups.values() for e in entries)
     bar = Progress(total_bytes, f"loading {checkpoint.directory.name}", enabled=progress, unit="B")
     for (module, role), entries in groups.items():
-        arrays = [_cast(shard_of(checkpoint.get(e.name), e, layout), dtype) for e in entries]
+        arrays = [_cast(_read(checkpoint, e, layout, allow), dtype) for e in entries]
         array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)  # [parts * out, in]
         bar.update(sum(checkpoint.nbytes(e.name) for e in entries))
         yield module, role, entries[0].kind, array
     bar.close()
+
+
+def _read(checkpoint: Checkpoint, entry: ParamEntry, layout: ShardLayout | None, allow_nonfinite: bool) -> np.ndarray:
+    array = shard_of(checkpoint.get(entry.name), entry, layout)
+    if not allow_nonfinite:
+        check_finite(array, entry.name, checkpoint.directory)
+    return array
 
 
 def _cast(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
@@ -174,7 +238,7 @@ def _check_tensors(tensors: dict[str, np.ndarray], expected: dict[str, ParamEntr
         if n in expected and tuple(a.shape) != expected[n].shape
     ]
     if problems:
-        raise CheckpointError("cannot write checkpoint:\n  " + "\n  ".join(problems))
+        raise CheckpointError("cannot write checkpoint:" + format_problems(problems))
 
 
 def _write_json(path: Path, obj: dict) -> None:

@@ -3,13 +3,13 @@
 Built from a Hugging Face `config.json` for model_type qwen3, qwen2, llama and mistral, in both the
 older form (top-level `rope_theta`, `rope_scaling`) and the newer `rope_parameters` form. Whatever the
 spec cannot represent (LayerNorm, MoE, sliding window, an unknown rope type, an activation other than
-SiLU, MLP bias) is refused with a `ConfigError` that names the key and its value. Every field here is
-read by both backends; a field nobody reads is a bug.
+SiLU, MLP bias) is refused with a `ConfigError` that names the key and its value. Every key read here
+has a type and a range (spec/json_fields.py): JSON `true` is not a number, `"false"` is not a boolean,
+NaN and Infinity are not finite. Every field here is read by both backends; a field nobody reads is a bug.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from spec.errors import ConfigError
+from spec.json_fields import MAX_SIZE, Fields, is_int, is_number, load_json
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 # Keys whose presence (with a non-trivial value) means an architecture this spec does not implement.
@@ -65,8 +66,8 @@ class ModelSpec:
             "max_position_embeddings",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"config key {name!r} must be a positive integer, got {value!r}")
+            if not is_int(value) or not 1 <= value <= MAX_SIZE:
+                raise ConfigError(f"config key {name!r} must be an integer in [1, {MAX_SIZE}], got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -74,10 +75,13 @@ class ModelSpec:
             )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even for rotate-half RoPE")
-        if not (self.rms_norm_eps > 0):
-            raise ConfigError(f"config key 'rms_norm_eps' must be > 0, got {self.rms_norm_eps!r}")
-        if not (self.rope_theta > 0):
-            raise ConfigError(f"config key 'rope_theta' must be > 0, got {self.rope_theta!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not is_number(value) or value <= 0:
+                raise ConfigError(f"config key {name!r} must be a finite number > 0, got {value!r}")
+        for name in ("tie_word_embeddings", "attention_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"config key {name!r} must be true or false, got {getattr(self, name)!r}")
 
     @property
     def num_kv_groups(self) -> int:
@@ -98,10 +102,7 @@ class ModelSpec:
         config_path = path / "config.json" if path.is_dir() else path
         if not config_path.is_file():
             raise ConfigError(f"no config.json at {config_path}")
-        try:
-            config = json.loads(config_path.read_text())
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{config_path} is not valid JSON: {err}") from err
+        config = load_json(config_path, ConfigError)
         if not isinstance(config, dict):
             raise ConfigError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
         return cls.from_hf_config(config)
@@ -109,47 +110,41 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> ModelSpec:
         """Map a Hugging Face config dict onto the spec, refusing what the spec cannot represent."""
-        model_type = _require(config, "model_type")
+        fields = Fields(config, ConfigError)
+        model_type = fields.string("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(
                 f"config key 'model_type' = {model_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
-        _reject_unsupported(config, model_type)
-        hidden = _require(config, "hidden_size")
-        heads = _require(config, "num_attention_heads")
-        head_dim = config.get("head_dim")
+        _reject_unsupported(fields, model_type)
+        hidden = fields.integer("hidden_size")
+        heads = fields.integer("num_attention_heads")
+        head_dim = fields.integer("head_dim", None)
         if head_dim is None:
-            if not isinstance(hidden, int) or not isinstance(heads, int) or heads < 1 or hidden % heads:
+            if hidden % heads:
                 raise ConfigError(
                     f"no 'head_dim' in config and hidden_size={hidden!r} is not divisible by "
                     f"num_attention_heads={heads!r}"
                 )
             head_dim = hidden // heads
-        kv_heads = config.get("num_key_value_heads")
-        if kv_heads is None:
-            kv_heads = heads
-        theta, scaling = _rope(config)
-        if model_type == "qwen2":
-            attention_bias = True  # Qwen2 always has q/k/v bias; its config has no key for it
-        else:
-            attention_bias = config.get("attention_bias", False)
-        if not isinstance(attention_bias, bool):
-            raise ConfigError(f"config key 'attention_bias' must be true or false, got {attention_bias!r}")
+        theta, scaling = _rope(fields)
+        # Qwen2 always has q/k/v bias; its config has no key for it.
+        attention_bias = True if model_type == "qwen2" else fields.boolean("attention_bias", False)
         return cls(
             model_type=model_type,
-            vocab_size=_require(config, "vocab_size"),
+            vocab_size=fields.integer("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=_require(config, "intermediate_size"),
-            num_hidden_layers=_require(config, "num_hidden_layers"),
+            intermediate_size=fields.integer("intermediate_size"),
+            num_hidden_layers=fields.integer("num_hidden_layers"),
             num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
+            num_key_value_heads=fields.integer("num_key_value_heads", heads),
             head_dim=head_dim,
-            rms_norm_eps=float(_require(config, "rms_norm_eps")),
+            rms_norm_eps=fields.number("rms_norm_eps"),
             rope_theta=theta,
             rope_scaling=scaling,
-            max_position_embeddings=_require(config, "max_position_embeddings"),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            max_position_embeddings=fields.integer("max_position_embeddings"),
+            tie_word_embeddings=fields.boolean("tie_word_embeddings", False),
             attention_bias=attention_bias,
             qk_norm=model_type == "qwen3",
         )
@@ -189,95 +184,70 @@ class ModelSpec:
         return config
 
 
-def _require(config: dict[str, Any], key: str) -> Any:
-    if key not in config or config[key] is None:
-        raise ConfigError(f"config.json lacks the required key {key!r}")
-    return config[key]
-
-
-def _reject_unsupported(config: dict[str, Any], model_type: str) -> None:
-    act = config.get("hidden_act", "silu")
+def _reject_unsupported(fields: Fields, model_type: str) -> None:
+    act = fields.string("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ConfigError(f"config key 'hidden_act' = {act!r} is not supported (only silu: SwiGLU)")
     for key in _MOE_KEYS:
-        if config.get(key):
-            raise ConfigError(f"config key {key!r} = {config[key]!r}: mixture-of-experts is not supported")
-    if config.get("use_sliding_window"):
+        if fields.integer(key, 0, minimum=0):
+            raise ConfigError(f"config key {key!r} = {fields.value(key)!r}: mixture-of-experts is not supported")
+    if fields.boolean("use_sliding_window", False):
         raise ConfigError("config key 'use_sliding_window' = true: sliding-window attention is not supported")
-    if model_type == "mistral" and config.get("sliding_window") is not None:
+    window = fields.integer("sliding_window", None, minimum=0)
+    if model_type == "mistral" and window is not None:
         raise ConfigError(
-            f"config key 'sliding_window' = {config['sliding_window']!r}: sliding-window "
+            f"config key 'sliding_window' = {window!r}: sliding-window "
             "attention is not supported (set it to null for full attention)"
         )
-    layer_types = config.get("layer_types")
-    if layer_types is not None:
-        other = sorted({t for t in layer_types if t != "full_attention"})
-        if other:
-            raise ConfigError(f"config key 'layer_types' contains {other}: only 'full_attention' is supported")
-    if config.get("mlp_bias"):
+    other = sorted({t for t in fields.strings("layer_types") or () if t != "full_attention"})
+    if other:
+        raise ConfigError(f"config key 'layer_types' contains {other}: only 'full_attention' is supported")
+    if fields.boolean("mlp_bias", False):
         raise ConfigError("config key 'mlp_bias' = true is not supported (SwiGLU without bias)")
-    if config.get("parallel_residual") or config.get("use_parallel_residual"):
-        raise ConfigError("config key 'parallel_residual' = true is not supported (sequential pre-norm only)")
-    norm = config.get("norm_type") or config.get("layer_norm_type")
-    if norm is not None and "rms" not in str(norm).lower():
-        raise ConfigError(f"config key 'norm_type' = {norm!r} is not supported (RMSNorm only)")
-    if "layer_norm_eps" in config and "rms_norm_eps" not in config:
+    for key in ("parallel_residual", "use_parallel_residual"):
+        if fields.boolean(key, False):
+            raise ConfigError(f"config key {key!r} = true is not supported (sequential pre-norm only)")
+    for key in ("norm_type", "layer_norm_type"):
+        norm = fields.string(key, None)
+        if norm is not None and "rms" not in norm.lower():
+            raise ConfigError(f"config key {key!r} = {norm!r} is not supported (RMSNorm only)")
+    if fields.value("layer_norm_eps") is not None and fields.value("rms_norm_eps") is None:
         raise ConfigError(
-            f"config key 'layer_norm_eps' = {config['layer_norm_eps']!r}: LayerNorm models "
+            f"config key 'layer_norm_eps' = {fields.value('layer_norm_eps')!r}: LayerNorm models "
             "are not supported (RMSNorm only)"
         )
-    partial = config.get("partial_rotary_factor", 1.0)
+    partial = fields.number("partial_rotary_factor", 1.0)
     if partial != 1.0:
         raise ConfigError(f"config key 'partial_rotary_factor' = {partial!r} is not supported (full rotary only)")
 
 
-def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+def _rope(fields: Fields) -> tuple[float, RopeScaling | None]:
     """(theta, scaling) from either config form; `rope_parameters` wins where both are present."""
-    params = config.get("rope_parameters")
-    source = "rope_parameters"
+    params = fields.nested("rope_parameters")
     if params is None:
-        params = config.get("rope_scaling") or {}
-        source = "rope_scaling"
-        theta = config.get("rope_theta", 10000.0)
+        params = fields.nested("rope_scaling") or Fields({}, ConfigError, prefix="rope_scaling.")
+        theta = fields.number("rope_theta", 10000.0)
     else:
-        if not isinstance(params, dict):
-            raise ConfigError(f"config key 'rope_parameters' must be an object, got {params!r}")
-        theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    if not isinstance(params, dict):
-        raise ConfigError(f"config key {source!r} must be an object or null, got {params!r}")
-    rope_type = params.get("rope_type", params.get("type", "default"))
+        theta = params.number("rope_theta", None)
+        theta = fields.number("rope_theta", 10000.0) if theta is None else theta
+    rope_type = params.string("rope_type", None) or params.string("type", "default")
     if rope_type == "default":
-        return float(theta), None
-    factor = params.get("factor")
-    if not isinstance(factor, (int, float)) or factor <= 0:
+        return theta, None
+    if rope_type not in ("linear", "llama3"):
         raise ConfigError(
-            f"config key '{source}.factor' must be a positive number for rope_type {rope_type!r}, got {factor!r}"
+            f"config key '{params.prefix}rope_type' = {rope_type!r} is not supported "
+            "(supported: default, linear, llama3)"
         )
+    factor = params.number("factor")
     if rope_type == "linear":
-        return float(theta), RopeScaling("linear", float(factor))
-    if rope_type == "llama3":
-        missing = [
-            k
-            for k in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-            if params.get(k) is None
-        ]
-        if missing:
-            raise ConfigError(f"config key {source!r} with rope_type 'llama3' lacks {missing}")
-        if params["high_freq_factor"] <= params["low_freq_factor"]:
-            raise ConfigError(
-                f"config key '{source}.high_freq_factor' = {params['high_freq_factor']!r} must "
-                f"exceed low_freq_factor = {params['low_freq_factor']!r}"
-            )
-        return float(theta), RopeScaling(
-            "llama3",
-            float(factor),
-            float(params["low_freq_factor"]),
-            float(params["high_freq_factor"]),
-            int(params["original_max_position_embeddings"]),
+        return theta, RopeScaling("linear", factor)
+    low, high = params.number("low_freq_factor"), params.number("high_freq_factor")
+    if high <= low:
+        raise ConfigError(
+            f"config key '{params.prefix}high_freq_factor' = {high!r} must exceed low_freq_factor = {low!r}"
         )
-    raise ConfigError(
-        f"config key '{source}.rope_type' = {rope_type!r} is not supported (supported: default, linear, llama3)"
-    )
+    original = params.integer("original_max_position_embeddings")
+    return theta, RopeScaling("llama3", factor, low, high, original)
 
 
 def rope_inv_freq(spec: ModelSpec) -> np.ndarray:

@@ -18,6 +18,7 @@ import numpy as np
 
 from spec.checkpoint import write_checkpoint
 from spec.config import ModelSpec
+from spec.errors import CheckpointError
 from spec.params import BIAS, EMBEDDING, NORM, param_table
 
 DEFAULT_VERSION = 2  # bump when the default's spec or weights change: the cache key includes it
@@ -121,29 +122,55 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    """$XDG_CACHE_HOME/decoder-parity, else ~/.cache/decoder-parity (a relative XDG_CACHE_HOME is ignored,
+    as the XDG spec asks). A CheckpointError when there is no home directory to fall back on."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        try:
+            base = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError) as err:  # no HOME and no password-database entry
+            raise CheckpointError(
+                f"cannot locate a cache directory: XDG_CACHE_HOME is unset and the home directory is unknown ({err}); "
+                "set XDG_CACHE_HOME to a writable directory"
+            ) from err
     return Path(base) / "decoder-parity"
 
 
 def default_checkpoint(cache_dir: str | Path | None = None) -> Path:
-    """Directory of the built-in default checkpoint, written on first use (atomically, by rename)."""
+    """Directory of the built-in default checkpoint, written on first use (atomically, by rename).
+
+    A cache that cannot be written (a file where a directory should be, no permission, a read-only file
+    system) is a CheckpointError naming the path, not an OSError from deep inside the writer.
+    """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / f"default-qwen3-v{DEFAULT_VERSION}"
     if (target / "config.json").is_file():
         return target
-    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{target.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    write_checkpoint(
-        tmp,
-        DEFAULT_SPEC,
-        random_weights(DEFAULT_SPEC, seed=0),
-        extra_config={"eos_token_id": EOS_ID, "bos_token_id": None},
-    )
-    (tmp / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json(), ensure_ascii=False))
-    (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_ID}) + "\n")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_checkpoint(
+            tmp,
+            DEFAULT_SPEC,
+            random_weights(DEFAULT_SPEC, seed=0),
+            extra_config={"eos_token_id": EOS_ID, "bos_token_id": None},
+        )
+        (tmp / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json(), ensure_ascii=False))
+        (tmp / "generation_config.json").write_text(json.dumps({"eos_token_id": EOS_ID}) + "\n")
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = err.strerror or str(err)
+        if err.filename and Path(err.filename) != root:
+            reason = f"{err.filename}: {reason}"
+        raise CheckpointError(
+            f"cannot write the built-in default checkpoint into the cache directory {root} ({reason}); set "
+            "XDG_CACHE_HOME to a writable directory, or pass a checkpoint directory"
+        ) from err
     try:
         os.replace(tmp, target)
-    except OSError:  # another process won the race: its copy is identical
+    except OSError:  # another process won the race (its copy is identical), or the rename itself failed
         shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            raise CheckpointError(f"cannot move the built-in default checkpoint into place at {target}") from None
     return target

@@ -1,12 +1,14 @@
 """Framework-neutral parts of generation: request validation, ragged prompts, EOS ids from a checkpoint.
 
 Both backends' `generate` start here, so a bad request gets the same error from either, and batching
-prompts of different lengths (left padding plus an attention mask) is done once.
+prompts of different lengths (left padding plus an attention mask) is done once. A given mask must be
+left-padded: generation appends each new token after the last slot, so a right-padded row would attend to
+its padding's slots and decode from the wrong position (a silent wrong answer); it is refused, naming the row.
 """
 
 from __future__ import annotations
 
-import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from spec.config import ModelSpec
-from spec.errors import InputError
-from spec.inputs import check_token_ids
+from spec.errors import ConfigError, DecoderParityError, InputError
+from spec.inputs import check_attention_mask, check_left_padded, check_seed, check_token_ids
+from spec.json_fields import is_int, is_number, load_json
 
 
 @dataclass(frozen=True)
@@ -28,12 +31,13 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0):
-            raise InputError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+        if not is_number(self.temperature) or self.temperature < 0:
+            raise InputError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
             raise InputError(f"top_k must be a positive integer or None, got {self.top_k!r}")
-        if self.top_p is not None and not (0 < self.top_p <= 1):
+        if self.top_p is not None and (not is_number(self.top_p) or not 0 < self.top_p <= 1):
             raise InputError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+        check_seed(self.seed)
 
     @property
     def greedy(self) -> bool:
@@ -59,9 +63,8 @@ def prepare_prompts(
     """Validate a generation request; ragged lists of ids are left-padded with `pad_id` (masked out)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(r, (list, tuple)) for r in input_ids):
-        if attention_mask is not None:
-            raise InputError("attention_mask goes with a padded [B, T] array, not with ragged lists of ids")
+    ragged = isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(r, (list, tuple)) for r in input_ids)
+    if ragged and attention_mask is None:
         lengths = [len(r) for r in input_ids]
         if min(lengths) == 0:
             raise InputError(f"prompt {lengths.index(0)} is empty: need at least one token per prompt")
@@ -69,17 +72,17 @@ def prepare_prompts(
         ids = np.full((len(input_ids), width), pad_id, np.int64)
         mask = np.zeros((len(input_ids), width), np.int64)
         for row, prompt in enumerate(input_ids):
-            ids[row, width - len(prompt) :] = prompt
+            ids[row, width - len(prompt) :] = check_token_ids([prompt], spec, name=f"prompt {row}")[0]
             mask[row, width - len(prompt) :] = 1
-    else:
-        ids = np.asarray(input_ids)
-        mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask)
+    else:  # a padded [B, T] array (or equal-length lists) with its mask, or one without padding
+        ids, mask = input_ids, attention_mask
     ids = check_token_ids(ids, spec)
-    if mask.shape != ids.shape:
-        raise InputError(f"attention_mask has shape {list(mask.shape)}, expected {list(ids.shape)}")
+    if mask is None:
+        mask = np.ones(ids.shape, np.int64)
+    else:
+        mask = check_attention_mask(mask, *ids.shape)
+        check_left_padded(mask)
     lengths = tuple(int(n) for n in mask.sum(-1))
-    if min(lengths) == 0:
-        raise InputError(f"prompt {lengths.index(0)} is empty (its attention_mask is all zeros)")
     total = ids.shape[1] + max_new_tokens
     if total > spec.max_position_embeddings:
         raise InputError(
@@ -90,14 +93,37 @@ def prepare_prompts(
 
 
 def eos_token_ids(directory: str | Path) -> tuple[int, ...]:
-    """EOS ids from generation_config.json, else config.json (an int or a list); () when neither says."""
-    for name in ("generation_config.json", "config.json"):
-        path = Path(directory) / name
-        if path.is_file():
-            value = json.loads(path.read_text()).get("eos_token_id")
+    """EOS ids from generation_config.json, else config.json (an int or a list); () when neither says.
+
+    A generation_config.json that is unreadable or holds a malformed eos_token_id is ignored with a warning
+    (it only sets a default; the model loads without it); a malformed eos_token_id in config.json, which
+    the model was already read from, is a ConfigError.
+    """
+    generation = Path(directory) / "generation_config.json"
+    if generation.is_file():
+        try:
+            value = _eos_value(generation)
+        except DecoderParityError as err:
+            warnings.warn(f"ignoring {generation}: {err}", stacklevel=2)
+        else:
             if value is not None:
-                return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
-    return ()
+                return value
+    config = Path(directory) / "config.json"
+    value = _eos_value(config) if config.is_file() else None
+    return () if value is None else value
+
+
+def _eos_value(path: Path) -> tuple[int, ...] | None:
+    data = load_json(path, ConfigError)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    value = data.get("eos_token_id")
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value]
+    if not all(is_int(v) and v >= 0 for v in values):
+        raise ConfigError(f"{path}: eos_token_id must be a token id >= 0 or a list of them, got {value!r}")
+    return tuple(values)
 
 
 @dataclass

@@ -1,26 +1,58 @@
-"""Checkpoint validation against the parameter table: every problem listed in one error.
+"""Checkpoint validation against the parameter table, from headers only, and the non-finite scan of a tensor.
 
-Missing tensors, unexpected tensors, wrong shapes, an embedding whose row count is not the vocabulary
-size, and the tied-head cases: in a tied checkpoint `lm_head.weight` absent is normal, present and
-equal to the embedding is accepted (and never loaded), present and different means the checkpoint is
-not really tied and is refused.
+`validate_checkpoint` lists the problems in one error (the first 20 and a count): missing tensors,
+unexpected tensors, wrong shapes, an embedding whose row count is not the vocabulary size, and the
+tied-head cases (in a tied checkpoint `lm_head.weight` absent is normal, present and equal to the
+embedding is accepted and never loaded, present and different is refused). It reads names and shapes
+only, and checks the layer count first, so a config that claims 10 million layers fails at once instead of
+building a 100-million-row table; loaders call it before they allocate a model.
+
+`check_finite` is the streaming NaN/Inf scan that `runtime_params` runs on each tensor as it is read.
+
+This module works on anything with `names()`, `shape()`, `get()` and `directory` (spec/checkpoint.py's
+`Checkpoint`), so it does not import that module, which imports this one.
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Protocol
+
+import ml_dtypes
 import numpy as np
 
-from spec.checkpoint import Checkpoint
 from spec.config import ModelSpec
-from spec.errors import CheckpointError
+from spec.errors import CheckpointError, format_problems
 from spec.params import param_table
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older exports saved; recomputed from the spec
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_CHUNK = 1 << 16  # elements per scan step: the data and the bool result stay in the core's L2 cache
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def validate_checkpoint(checkpoint: Checkpoint, spec: ModelSpec) -> None:
+class Tensors(Protocol):
+    directory: Path
+
+    def names(self) -> list[str]: ...
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+    def get(self, name: str) -> np.ndarray: ...
+
+
+def validate_checkpoint(checkpoint: Tensors, spec: ModelSpec) -> None:
+    """Raise a CheckpointError listing every way the checkpoint's tensors differ from the spec's table."""
+    names = checkpoint.names()
+    layers = {m.group(1) for name in names if (m := _LAYER.match(name))}
+    if len(layers) < spec.num_hidden_layers:  # before the table: its size is what the config claims
+        raise CheckpointError(
+            f"checkpoint {checkpoint.directory} does not match its config: num_hidden_layers is "
+            f"{spec.num_hidden_layers} but the checkpoint holds tensors of {len(layers)} layer(s)"
+        )
     table = {e.name: e for e in param_table(spec)}
-    present = set(checkpoint.names())
+    present = set(names)
     problems: list[str] = []
     embed = "model.embed_tokens.weight"
     if embed in present and checkpoint.shape(embed)[0] != spec.vocab_size:
@@ -30,25 +62,25 @@ def validate_checkpoint(checkpoint: Checkpoint, spec: ModelSpec) -> None:
     for name, entry in table.items():
         if name not in present:
             problems.append(f"missing tensor {name!r} (shape {list(entry.shape)})")
-        elif checkpoint.shape(name) != entry.shape and name != embed:
-            problems.append(f"tensor {name!r} has shape {list(checkpoint.shape(name))}, expected {list(entry.shape)}")
-        elif name == embed and checkpoint.shape(name)[1:] != entry.shape[1:]:
-            problems.append(f"tensor {name!r} has shape {list(checkpoint.shape(name))}, expected {list(entry.shape)}")
+            continue
+        shape = checkpoint.shape(name)
+        if (shape != entry.shape and name != embed) or (name == embed and shape[1:] != entry.shape[1:]):
+            problems.append(f"tensor {name!r} has shape {list(shape)}, expected {list(entry.shape)}")
     for name in sorted(present - set(table)):
         if name == "lm_head.weight" and spec.tie_word_embeddings:
-            problems += _check_tied_head(checkpoint)
+            problems += _check_tied_head(checkpoint, present)
         elif not name.endswith(_IGNORED_SUFFIXES):
             problems.append(f"unexpected tensor {name!r} (shape {list(checkpoint.shape(name))})")
     if problems:
         raise CheckpointError(
             f"checkpoint {checkpoint.directory} does not match its config "
-            f"({spec.model_type}, {spec.num_hidden_layers} layers):\n  " + "\n  ".join(problems)
+            f"({spec.model_type}, {spec.num_hidden_layers} layers):" + format_problems(problems)
         )
 
 
-def _check_tied_head(checkpoint: Checkpoint) -> list[str]:
+def _check_tied_head(checkpoint: Tensors, present: set[str]) -> list[str]:
     head, embed = "lm_head.weight", "model.embed_tokens.weight"
-    if embed not in checkpoint:
+    if embed not in present:
         return []  # already reported as missing
     if checkpoint.shape(head) != checkpoint.shape(embed):
         return [
@@ -61,3 +93,43 @@ def _check_tied_head(checkpoint: Checkpoint) -> list[str]:
             "tied (set tie_word_embeddings to false to load a separate head)"
         ]
     return []
+
+
+def check_finite(array: np.ndarray, name: str, where: Path | str) -> None:
+    """Raise a CheckpointError naming tensor `name` if `array` holds a NaN or an infinity.
+
+    Streams over the (memory-mapped) array in L2-sized chunks, so it reads each byte once and allocates
+    nothing the size of the tensor; the details (count, first index) are computed only for a broken tensor.
+    """
+    if _all_finite(array):
+        return
+    bad = ~np.isfinite(array)
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    nan = int(np.isnan(array).sum())
+    raise CheckpointError(
+        f"{where}: tensor {name!r} holds {int(bad.sum())} non-finite value(s) ({nan} NaN, "
+        f"{int(bad.sum()) - nan} infinite; the first at index {list(first)}): the checkpoint is broken "
+        "(allow_nonfinite=True / --allow-nonfinite loads it anyway, e.g. to debug the export)"
+    )
+
+
+def _all_finite(array: np.ndarray) -> bool:
+    if not array.flags.c_contiguous:  # a tensor-parallel slice (columns of a row-major tensor): row blocks
+        rows = max(1, _CHUNK // max(1, array[0].size)) if array.ndim else 1
+        return all(np.isfinite(array[i : i + rows]).all() for i in range(0, max(1, len(array)), rows))
+    flat = array.reshape(-1)
+    found = np.empty(min(_CHUNK, flat.size), bool)
+    if flat.dtype == _BF16:  # exponent bits all set = Inf or NaN; integer ops beat bfloat16's ufunc loops
+        bits, exponent = flat.view(np.uint16), np.uint16(0x7F80)
+        masked = np.empty(found.size, np.uint16)
+        for start in range(0, flat.size, _CHUNK):
+            chunk = bits[start : start + _CHUNK]
+            np.bitwise_and(chunk, exponent, out=masked[: chunk.size])
+            if np.equal(masked[: chunk.size], exponent, out=found[: chunk.size]).any():
+                return False
+        return True
+    for start in range(0, flat.size, _CHUNK):
+        chunk = flat[start : start + _CHUNK]
+        if not np.isfinite(chunk, out=found[: chunk.size]).all():
+            return False
+    return True

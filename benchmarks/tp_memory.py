@@ -12,7 +12,6 @@ ratios to tp = 1 measured in the same run.
 from __future__ import annotations
 
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from benchmarks import machine
 from benchmarks.qwen3_shape import qwen3_0_6b_checkpoint
 
 
@@ -66,7 +66,7 @@ def measure(path: Path, dtype: str, tp: int) -> dict:
 def main() -> None:
     dtype = sys.argv[1] if len(sys.argv) > 1 else "float32"
     path = qwen3_0_6b_checkpoint(dtype)
-    print(f"machine: {platform.processor() or platform.machine()}; checkpoint {path.name}")
+    print(f"{machine.line()}; checkpoint {path.name}")
     rows = {tp: measure(path, dtype, tp) for tp in (1, 2, 4)}
     base = rows[1]
     print(f"{'tp':>3} {'params MB':>10} {'peak RSS MB':>12} {'ratio':>6} {'RssAnon MB':>11} {'ratio':>6}")
@@ -75,7 +75,7 @@ def main() -> None:
             f"{tp:>3} {r['param_mb']:>10.0f} {r['peak_rss_mb']:>12.0f} {r['peak_rss_mb'] / base['peak_rss_mb']:>6.2f} "
             f"{r['rss_anon_mb']:>11.0f} {r['rss_anon_mb'] / base['rss_anon_mb']:>6.2f}"
         )
-    print(json.dumps({"dtype": dtype, "per_tp": rows}))
+    print(json.dumps({"machine": machine.describe(), "dtype": dtype, "per_tp": rows}))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,12 @@ def python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
 
 
+def python(code: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter without XLA_FLAGS: whatever sets up JAX's devices must be the project's own code."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+
+
 def test_check_tp2_passes_and_compares_sharded_logits(default_dir):
     result = cli("check", str(default_dir), "--tp", "2", "-q", "--seq-len", "9", "--batch", "2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -51,10 +57,7 @@ def test_python_check_tp2_from_a_fresh_interpreter(default_dir):
         "labels = [c.label for c in report.comparisons]\n"
         "print(report.passed, labels)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env
-    )
+    result = python(code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("True") and "torch/tp2 vs jax/tp2" in result.stdout, result.stdout
 
@@ -69,9 +72,6 @@ def test_python_check_tp_after_jax_started_names_the_fix(default_dir):
         "except spec.InputError as err:\n"
         "    print('refused:', err)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env
-    )
+    result = python(code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "refused:" in result.stdout and "prepare_environment(tp=2)" in result.stdout, result.stdout

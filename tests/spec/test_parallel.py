@@ -14,27 +14,12 @@ import numpy as np
 import pytest
 
 import spec
-from spec import ConfigError, ModelSpec
+from spec import ConfigError
 from spec.parallel import ShardLayout, blocks, check_tp_degree, shard_of, split_axis
 from spec.params import COLUMN, REPLICATED, ROW, VOCAB
+from tests.specs import QWEN2_SINGLE_KV
 
-QWEN2_SPEC = ModelSpec(
-    model_type="qwen2",
-    vocab_size=301,  # odd: padded at every degree
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=1,  # replicated at every degree > 1
-    head_dim=8,
-    rms_norm_eps=1e-6,
-    rope_theta=10_000.0,
-    rope_scaling=None,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-    attention_bias=True,
-    qk_norm=False,
-)
+QWEN2_SPEC = QWEN2_SINGLE_KV  # untied, biased, one kv head: padded vocabulary, replicated kv heads
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import spec
 import torch_impl
 from spec import ConfigError, InputError, ModelSpec
 from spec.parallel import check_tp_degree
+from tests.specs import QWEN2_SINGLE_KV
 from torch_impl.tp_launch import launch_generate, launch_logits, run_tp
 from torch_impl.vocab_parallel import gather_logits, greedy_token
 
@@ -32,23 +33,7 @@ PROMPTS = [[5, 17, 250, 3], [11, 262, 1, 2, 3, 4, 100], [42]]  # ragged: generat
 NEW_TOKENS = 6
 SAMPLING = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 3}
 
-QWEN2_SPEC = ModelSpec(
-    model_type="qwen2",
-    vocab_size=301,  # odd: padded at every degree
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=1,  # replicated at every degree > 1
-    head_dim=8,
-    rms_norm_eps=1e-6,
-    rope_theta=10_000.0,
-    rope_scaling=None,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-    attention_bias=True,
-    qk_norm=False,
-)
+QWEN2_SPEC = QWEN2_SINGLE_KV  # untied, biased, one kv head: padded vocabulary, replicated kv heads
 
 
 @pytest.fixture(scope="module")

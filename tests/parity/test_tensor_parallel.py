@@ -22,12 +22,6 @@ def python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
 
 
-def python(code: str) -> subprocess.CompletedProcess:
-    """A fresh interpreter without XLA_FLAGS: whatever sets up JAX's devices must be the project's own code."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
-
-
 def test_check_tp2_passes_and_compares_sharded_logits(default_dir):
     result = cli("check", str(default_dir), "--tp", "2", "-q", "--seq-len", "9", "--batch", "2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -8,6 +8,8 @@ backends can resolve the `kernels=` argument without pulling in the other framew
 
 from __future__ import annotations
 
+from spec.errors import InputError
+
 KERNEL_CHOICES = ("reference", "fused", "auto")
 
 __all__ = ["KERNEL_CHOICES", "resolve_kernels"]
@@ -21,7 +23,7 @@ def resolve_kernels(choice: str, *, on_gpu: bool) -> str:
     so it is something to ask for explicitly ("fused"), never a default.
     """
     if choice not in KERNEL_CHOICES:
-        raise ValueError(f"kernels={choice!r} is not one of {KERNEL_CHOICES}")
+        raise InputError(f"kernels={choice!r} is not one of {KERNEL_CHOICES}")
     if choice == "auto":
         return "fused" if on_gpu else "reference"
     return choice

@@ -3,8 +3,11 @@ has no head parameter, one jit entry point, dtype on load."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 import jax_impl
@@ -18,7 +21,7 @@ class TestModelTwin(ModelTwin):
     backend = "jax"
     other_framework = ("torch", "triton")
 
-    def rms_norm(self, x, weight, eps, residual=None):
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None) -> Any:
         norm = RMSNorm(x.shape[-1], eps, dtype=jnp.float32)
         norm.weight[...] = jnp.asarray(weight)
         out = norm(jnp.asarray(x)) if residual is None else norm(jnp.asarray(x), jnp.asarray(residual))

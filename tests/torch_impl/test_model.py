@@ -3,6 +3,9 @@ head is one Parameter, loading casts, the twin's structure."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
 import spec
@@ -16,7 +19,7 @@ class TestModelTwin(ModelTwin):
     backend = "torch"
     other_framework = ("jax", "jaxlib", "flax")
 
-    def rms_norm(self, x, weight, eps, residual=None):
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None) -> Any:
         norm = RMSNorm(x.shape[-1], eps)
         with torch.no_grad():
             norm.weight.copy_(torch.as_tensor(weight))

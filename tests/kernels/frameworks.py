@@ -1,0 +1,94 @@
+"""Triton (torch) and Pallas (JAX) behind one interface, so that one test body runs on both kernel frameworks.
+
+`framework("triton")` / `framework("pallas")` skips the calling test (or module) where that framework is not
+installed. Inputs are built from float32 numpy (tests/kernels/tolerances.py: `sample_inputs`) and results
+read back with tests/backends.py's `to_numpy`, so both frameworks see the same values.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+FRAMEWORKS = ("triton", "pallas")
+DTYPES = ("float32", "bfloat16", "float16")  # what the kernels accept
+EPS = 1e-6
+# Row widths of real models (not powers of two) and around them; test_cross_kernels.py repeats them so that
+# the interpreted Pallas kernels compile once per shape for both files.
+WIDTHS = (1, 123, 1000, 896, 1024, 1536, 3072)
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str  # "triton" | "pallas": kernels.<name> holds the fused ops, their references and the kernel modules
+    array: Callable[[np.ndarray, str], Any]  # float32 numpy -> the framework's array of that dtype, on its device
+    dtype_prefix: str  # how an error message spells a dtype: "torch.float16" or "float16"
+    # How the tests compute expected values with the references. JAX: under jit, one XLA compile per shape
+    # instead of one per op, which is most of the run time otherwise (jax_impl runs them jitted too).
+    jit: Callable[..., Callable] = lambda fn, **_: fn
+
+    @property
+    def ops(self) -> ModuleType:
+        """kernels.triton / kernels.pallas: the fused ops and their references, as a user imports them."""
+        return importlib.import_module(f"kernels.{self.name}")
+
+    @property
+    def rms_norm(self) -> ModuleType:
+        """The module of add_rms_norm's kernel (its block configuration)."""
+        return importlib.import_module(f"kernels.{self.name}.rms_norm")
+
+    @property
+    def swiglu(self) -> ModuleType:
+        """The module of silu_and_mul's kernel."""
+        return importlib.import_module(f"kernels.{self.name}.swiglu")
+
+    @property
+    def add_rms_norm(self) -> Callable:
+        return self.ops.add_rms_norm
+
+    @property
+    def silu_and_mul(self) -> Callable:
+        return self.ops.silu_and_mul
+
+    @functools.cached_property
+    def add_rms_norm_reference(self) -> Callable:
+        return self.jit(self.ops.add_rms_norm_reference, static_argnums=3)  # eps is a Python float
+
+    @functools.cached_property
+    def silu_and_mul_reference(self) -> Callable:
+        return self.jit(self.ops.silu_and_mul_reference)
+
+
+def _triton() -> Framework:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def array(a: np.ndarray, dtype: str) -> Any:
+        return torch.from_numpy(a).to(device=device, dtype=getattr(torch, dtype))
+
+    return Framework("triton", array, "torch.")
+
+
+def _pallas() -> Framework:
+    jax = pytest.importorskip("jax")
+
+    # The cast happens in numpy (ml_dtypes rounds to nearest-even, like torch and XLA): an eager jnp cast
+    # would cost an XLA compile per shape.
+    def array(a: np.ndarray, dtype: str) -> Any:
+        return jax.numpy.asarray(a.astype(jax.numpy.dtype(dtype)))
+
+    return Framework("pallas", array, "", jit=jax.jit)
+
+
+@functools.cache
+def framework(name: str) -> Framework:
+    """The framework called `name` ("triton" or "pallas"); skips the caller where it is not installed."""
+    return {"triton": _triton, "pallas": _pallas}[name]()

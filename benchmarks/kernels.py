@@ -1,26 +1,37 @@
-"""Speed of the fused kernels (Triton for torch, Pallas for JAX) against the unfused references, on a GPU.
+"""Speed of the fused kernels (Triton for torch, Pallas for JAX) against the framework ops they replace, on a GPU.
 
-For each kernel, dtype (bf16 by default) and [tokens x width] shape it prints the median time, the achieved
-bandwidth (bytes the op must read + write, divided by the time), that bandwidth as a fraction of the
-device-to-device copy bandwidth measured in the same run and of the spec peak, and the same numbers for
-the unfused reference run op by op (eager) and compiled (torch.compile / jax.jit), measured in the same run.
-Both ops are memory-bound, so bandwidth is the figure of merit.
+For each kernel, dtype (bf16 by default) and [tokens x width] shape it prints the time per call, the achieved
+bandwidth (bytes the op must read + write, divided by the time), and that bandwidth as a fraction of the
+device-to-device copy bandwidth measured in the same run and of the spec peak, for three variants:
 
-    python benchmarks/kernels.py                      # both frameworks, where each has a GPU
+    fused      the Triton / Pallas kernel
+    plain      the reference run op by op (eager torch, eager jax.numpy): the framework ops the kernel replaces
+    compiled   the reference through torch.compile / jax.jit, which may fuse it as well
+
+Both ops are memory-bound, so bandwidth is the figure of merit. Where the sweep includes their shape (bf16,
+width 4096, >= 4096 tokens) it evaluates and prints the fused kernels' floors: >= 85% of the copy bandwidth,
+and >= 1.3x the plain ops. `--json PATH` writes every figure and the floors.
+
+    python benchmarks/kernels.py                      # both frameworks, where each has a GPU; the full sweep
     python benchmarks/kernels.py --framework torch --tokens 1,4096 --widths 4096
+    python benchmarks/kernels.py --tokens 4096,16384 --widths 4096 --json k.json   # what gpu_check.sh runs
 
-Without a GPU it says so and exits 0: interpret-mode timings would measure the interpreter, not the kernel.
+Without a GPU it says so and exits 0 (2 with --require-gpu): interpret-mode (CPU) timings would measure the
+interpreter, not the kernels.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # This script is named like the package it measures: without this, `import kernels` would import the script.
 _HERE = Path(__file__).resolve().parent
@@ -41,6 +52,15 @@ SPEC_PEAK_GBPS = {
     "RTX 4090": 1008.0,
     "MI300X": 5300.0,
 }
+VARIANTS = ("fused", "plain", "compiled")
+# The fused kernels' floors, and the shape they apply to: large enough that the op is bandwidth-bound.
+FLOOR_DTYPE, FLOOR_WIDTH, FLOOR_MIN_TOKENS = "bfloat16", 4096, 4096
+FLOOR_OF_COPY = 0.85  # fused bandwidth / device-to-device copy bandwidth
+FLOOR_VS_PLAIN = 1.3  # fused speed / the plain framework ops'
+NO_GPU = (
+    "benchmarks/kernels.py needs a GPU: none found for {searched}. Interpret-mode (CPU) timings would measure "
+    "the interpreter, not the kernels; nothing measured."
+)
 
 
 def _torch_gpu() -> bool:
@@ -71,17 +91,40 @@ def _bytes_moved(kernel: str, tokens: int, width: int, itemsize: int) -> int:
     return 3 * tokens * width * itemsize  # silu_and_mul: read [T, 2I], write [T, I]; width is I
 
 
-def _report(seconds: dict[str, float], nbytes: int, copy_gbps: float, peak: float | None) -> None:
-    """One line per variant (fused, eager, compiled), then the fused kernel's speedups."""
+def _record(seconds: dict[str, float], nbytes: int, copy_gbps: float, peak: float | None) -> dict[str, Any]:
+    """Per variant: seconds per call, GB/s, and the fractions of copy and peak; then the fused kernel's speedups."""
+    variants = {}
     for label, t in seconds.items():
         gbps = nbytes / t / 1e9
-        peak_txt = f"{gbps / peak:6.1%}" if peak else "   n/a"
-        print(f"    {label:<9} {t * 1e6:10.1f} us {gbps:8.1f} GB/s {gbps / copy_gbps:7.1%} of copy {peak_txt} of peak")
+        variants[label] = {
+            "seconds": t,
+            "gbps": gbps,
+            "of_copy": gbps / copy_gbps,
+            "of_peak": gbps / peak if peak else None,
+        }
     fused = seconds["fused"]
-    print(f"    fused is {seconds['eager'] / fused:.2f}x eager, {seconds['compiled'] / fused:.2f}x compiled")
+    return {
+        "bytes": nbytes,
+        "variants": variants,
+        "fused_vs_plain": seconds["plain"] / fused,
+        "fused_vs_compiled": seconds["compiled"] / fused,
+    }
 
 
-def _median_seconds_cuda(fn: Callable[[], object], warmup: int, reps: int) -> float:
+def _print_record(record: dict[str, Any]) -> None:
+    for label, v in record["variants"].items():
+        peak_txt = f"{v['of_peak']:6.1%}" if v["of_peak"] is not None else "   n/a"
+        print(
+            f"    {label:<9} {v['seconds'] * 1e6:10.1f} us {v['gbps']:8.1f} GB/s {v['of_copy']:7.1%} of copy "
+            f"{peak_txt} of peak"
+        )
+    print(f"    fused is {record['fused_vs_plain']:.2f}x the plain ops, {record['fused_vs_compiled']:.2f}x compiled")
+
+
+def _median_seconds_cuda(fn: Callable[[], object], warmup: int, samples: int, calls: int) -> float:
+    """Median seconds per call. Each sample times `calls` back-to-back calls between two CUDA events: the GPU
+    runs one call while Python launches the next, so a launch's host latency is not counted as kernel time
+    (it still is where the host cannot keep up, which is then the op's real speed)."""
     import torch
 
     for _ in range(warmup):
@@ -89,25 +132,31 @@ def _median_seconds_cuda(fn: Callable[[], object], warmup: int, reps: int) -> fl
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
-    for _ in range(reps):
+    for _ in range(samples):
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)  # ms -> s
+        times.append(start.elapsed_time(end) / 1e3 / calls)  # ms -> s
     return statistics.median(times)
 
 
-def _median_seconds_jax(fn: Callable[[], object], warmup: int, reps: int) -> float:
+def _median_seconds_jax(fn: Callable[[], object], warmup: int, samples: int, calls: int) -> float:
+    """Median seconds per call. Each sample dispatches `calls` calls and waits for the last (JAX dispatches
+    asynchronously and one device stream runs them in order): dispatch overlaps the previous call's run."""
     import jax
 
     for _ in range(warmup):
         jax.block_until_ready(fn())
     times = []
-    for _ in range(reps):
+    for _ in range(samples):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
+        out = None
+        for _ in range(calls):
+            out = fn()
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
 
 
@@ -121,23 +170,27 @@ def _torch_cases(kernel: str, tokens: int, width: int, dtype, compiled: dict) ->
         w = torch.randn(width, device="cuda", dtype=dtype)
         return {
             "fused": lambda: add_rms_norm(x, r, w, EPS),
-            "eager": lambda: add_rms_norm_reference(x, r, w, EPS),
+            "plain": lambda: add_rms_norm_reference(x, r, w, EPS),
             "compiled": lambda: compiled[kernel](x, r, w, EPS),
         }
     x = torch.randn(tokens, 2 * width, device="cuda", dtype=dtype)  # [T, 2I]
     return {
         "fused": lambda: silu_and_mul(x),
-        "eager": lambda: silu_and_mul_reference(x),
+        "plain": lambda: silu_and_mul_reference(x),
         "compiled": lambda: compiled[kernel](x),
     }
 
 
-def bench_torch(args: argparse.Namespace) -> None:
+def bench_torch(args: argparse.Namespace, out: dict[str, Any]) -> None:
     import torch
 
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("torch: skipped, TRITON_INTERPRET is set: the Triton kernels would run in the CPU interpreter")
+        reason = "TRITON_INTERPRET is set: the Triton kernels would run in the CPU interpreter"
+        print(f"torch: skipped, {reason}")
+        out["skipped"]["torch"] = reason
         return
+
+    import triton
 
     from kernels.triton import add_rms_norm_reference, silu_and_mul_reference
 
@@ -146,8 +199,13 @@ def bench_torch(args: argparse.Namespace) -> None:
     peak = _spec_peak(name, args.peak_gbps)
     src = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MiB
     dst = torch.empty_like(src)
-    copy_gbps = 2 * src.numel() / _median_seconds_cuda(lambda: dst.copy_(src), args.warmup, args.reps) / 1e9
+    copy_seconds = _median_seconds_cuda(lambda: dst.copy_(src), args.warmup, args.samples, args.calls)
+    copy_gbps = 2 * src.numel() / copy_seconds / 1e9
     print(f"torch {torch.__version__} on {name}: copy {copy_gbps:.0f} GB/s, spec peak {peak or 'unknown'} GB/s")
+    out["devices"]["torch"] = name
+    out["versions"].update(torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda)
+    out["copy_gbps"]["torch"] = copy_gbps
+    out["spec_peak_gbps"]["torch"] = peak
     # One compiled graph per shape: raise dynamo's recompile limit (renamed across torch versions) above the sweep.
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 64))
@@ -162,8 +220,18 @@ def bench_torch(args: argparse.Namespace) -> None:
                     nbytes = _bytes_moved(kernel, tokens, width, dtype.itemsize)
                     print(f"  torch {kernel} {args.dtype} [{tokens} x {width}]  ({nbytes / 1e6:.1f} MB moved)")
                     cases = _torch_cases(kernel, tokens, width, dtype, compiled)
-                    seconds = {label: _median_seconds_cuda(fn, args.warmup, args.reps) for label, fn in cases.items()}
-                    _report(seconds, nbytes, copy_gbps, peak)
+                    seconds = {
+                        label: _median_seconds_cuda(fn, args.warmup, args.samples, args.calls)
+                        for label, fn in cases.items()
+                    }
+                    record = _record(seconds, nbytes, copy_gbps, peak)
+                    _print_record(record)
+                    out["results"].append(
+                        {"framework": "torch", "kernel": kernel, "dtype": args.dtype, "tokens": tokens, "width": width}
+                        | record
+                    )
+                    del cases  # free this shape's buffers before the next one allocates
+                    torch.cuda.empty_cache()
 
 
 def _jax_cases(kernel: str, tokens: int, width: int, dtype, device, jitted: dict) -> dict[str, Callable[[], object]]:
@@ -189,18 +257,18 @@ def _jax_cases(kernel: str, tokens: int, width: int, dtype, device, jitted: dict
 
         return {
             "fused": chained("fused"),
-            "eager": lambda: add_rms_norm_reference(x, r, w, EPS),
+            "plain": lambda: add_rms_norm_reference(x, r, w, EPS),
             "compiled": chained("compiled"),
         }
     x = jax.device_put(jax.random.normal(keys[0], (tokens, 2 * width), dtype), device)  # [T, 2I]
     return {
         "fused": lambda: jitted["silu_fused"](x),
-        "eager": lambda: silu_and_mul_reference(x),
+        "plain": lambda: silu_and_mul_reference(x),
         "compiled": lambda: jitted["silu_compiled"](x),
     }
 
 
-def bench_jax(args: argparse.Namespace) -> None:
+def bench_jax(args: argparse.Namespace, out: dict[str, Any]) -> None:
     import jax
     import jax.numpy as jnp
 
@@ -211,10 +279,14 @@ def bench_jax(args: argparse.Namespace) -> None:
     peak = _spec_peak(device.device_kind, args.peak_gbps)
     src = jax.device_put(jnp.zeros(128 * 2**20, jnp.uint16), device)  # 256 MiB
     invert = jax.jit(lambda a: ~a)  # a pure read+write pass: XLA's stand-in for a device-to-device copy
-    copy_gbps = 2 * src.nbytes / _median_seconds_jax(lambda: invert(src), args.warmup, args.reps) / 1e9
+    copy_gbps = 2 * src.nbytes / _median_seconds_jax(lambda: invert(src), args.warmup, args.samples, args.calls) / 1e9
     print(
         f"jax {jax.__version__} on {device.device_kind}: copy {copy_gbps:.0f} GB/s, spec peak {peak or 'unknown'} GB/s"
     )
+    out["devices"]["jax"] = device.device_kind
+    out["versions"]["jax"] = jax.__version__
+    out["copy_gbps"]["jax"] = copy_gbps
+    out["spec_peak_gbps"]["jax"] = peak
     jitted = {
         "fused": jax.jit(lambda x, r, w: add_rms_norm(x, r, w, EPS), donate_argnums=1),
         "compiled": jax.jit(lambda x, r, w: add_rms_norm_reference(x, r, w, EPS), donate_argnums=1),
@@ -227,8 +299,168 @@ def bench_jax(args: argparse.Namespace) -> None:
                 nbytes = _bytes_moved(kernel, tokens, width, dtype.itemsize)
                 print(f"  jax {kernel} {args.dtype} [{tokens} x {width}]  ({nbytes / 1e6:.1f} MB moved)")
                 cases = _jax_cases(kernel, tokens, width, dtype, device, jitted)
-                seconds = {label: _median_seconds_jax(fn, args.warmup, args.reps) for label, fn in cases.items()}
-                _report(seconds, nbytes, copy_gbps, peak)
+                seconds = {
+                    label: _median_seconds_jax(fn, args.warmup, args.samples, args.calls) for label, fn in cases.items()
+                }
+                record = _record(seconds, nbytes, copy_gbps, peak)
+                _print_record(record)
+                out["results"].append(
+                    {"framework": "jax", "kernel": kernel, "dtype": args.dtype, "tokens": tokens, "width": width}
+                    | record
+                )
+
+
+def evaluate_floors(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The floors, one entry per (measured floor-shaped case, floor): its value, bound and verdict."""
+    floors = []
+    for r in results:
+        if (r["dtype"], r["width"]) != (FLOOR_DTYPE, FLOOR_WIDTH) or r["tokens"] < FLOOR_MIN_TOKENS:
+            continue
+        case = {key: r[key] for key in ("framework", "kernel", "dtype", "tokens", "width")}
+        for floor, value, bound in (
+            ("fused bandwidth / copy bandwidth", r["variants"]["fused"]["of_copy"], FLOOR_OF_COPY),
+            ("fused speed / the plain framework ops'", r["fused_vs_plain"], FLOOR_VS_PLAIN),
+        ):
+            floors.append(case | {"floor": floor, "value": value, "bound": bound, "passed": value >= bound})
+    return floors
+
+
+def print_floors(floors: list[dict[str, Any]]) -> None:
+    where = f"{FLOOR_DTYPE}, width {FLOOR_WIDTH}, >= {FLOOR_MIN_TOKENS} tokens"
+    if not floors:
+        print(f"floors: not evaluated, the sweep has no {where} shape")
+        return
+    print(f"floors ({where}): fused >= {FLOOR_OF_COPY:.0%} of copy, >= {FLOOR_VS_PLAIN}x the plain ops")
+    for f in floors:
+        value = f"{f['value']:.1%}" if f["bound"] < 1 else f"{f['value']:.2f}x"
+        bound = f"{f['bound']:.0%}" if f["bound"] < 1 else f"{f['bound']}x"
+        print(
+            f"  {f['framework']:<5} {f['kernel']:<12} [{f['tokens']} x {f['width']}]  {f['floor']}: {value} "
+            f"(>= {bound})  {'ok' if f['passed'] else 'BELOW THE FLOOR'}"
+        )
+
+
+# ---- the report of benchmarks/gpu_check.sh ---------------------------------------------------------------------
+TIMED_OUT = (124, 137)  # `timeout`'s exit status, and a KILL's after --kill-after
+
+
+def junit_summary(path: Path) -> dict[str, Any]:
+    """Counts, failures and skips of a pytest --junitxml file."""
+    import xml.etree.ElementTree as ET
+
+    cases = list(ET.parse(path).getroot().iter("testcase"))
+    summary: dict[str, Any] = {"total": len(cases), "passed": 0, "failed": [], "skipped": [], "seconds": 0.0}
+    for case in cases:
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        summary["seconds"] += float(case.get("time", 0) or 0)
+        failure = next((e for e in case if e.tag in ("failure", "error")), None)
+        skipped = case.find("skipped")
+        if failure is not None:
+            summary["failed"].append({"test": name, "message": (failure.get("message") or "")[:1000]})
+        elif skipped is not None:
+            summary["skipped"].append({"test": name, "reason": (skipped.get("message") or "")[:300]})
+        else:
+            summary["passed"] += 1
+    return summary
+
+
+def check_report(
+    tests_xml: Path | None,
+    tests_status: int,
+    kernels_json: Path | None,
+    kernels_status: int,
+    gpus: dict[str, Any],
+    seconds: float,
+    budget_seconds: float,
+) -> dict[str, Any]:
+    """gpu_check.sh's one JSON: the GPU tests' outcome, every kernel figure, the floors, and what failed.
+
+    It passes only when the tests ran and all passed (a skipped `gpu` test is a check that did not run), the
+    benchmark ran, and every floor was evaluated and holds. Exit status 124 (137 after a KILL) is `timeout`'s:
+    a step ran past its share of the time budget.
+    """
+    problems = []
+    tests = junit_summary(tests_xml) if tests_xml is not None and tests_xml.is_file() else None
+    if tests_status in TIMED_OUT:
+        problems.append("the gpu tests ran past their time budget")
+    if tests is None:
+        problems.append(f"the gpu tests left no report (pytest exit status {tests_status})")
+    else:
+        if tests["total"] == 0:
+            problems.append("no gpu test was collected")
+        problems += [f"failed: {f['test']}" for f in tests["failed"]]
+        problems += [f"skipped, so not checked: {s['test']} ({s['reason']})" for s in tests["skipped"]]
+    kernels = json.loads(kernels_json.read_text()) if kernels_json is not None and kernels_json.is_file() else None
+    if kernels_status in TIMED_OUT:
+        problems.append("benchmarks/kernels.py ran past its time budget")
+    if kernels is None:
+        problems.append(f"benchmarks/kernels.py left no figures (exit status {kernels_status})")
+    else:
+        problems += [f"benchmark skipped {name}: {why}" for name, why in kernels.get("skipped", {}).items()]
+        if not kernels.get("floors"):
+            problems.append("the floors were not evaluated: no floor-shaped case was measured")
+        problems += [
+            f"below the floor: {f['framework']} {f['kernel']} [{f['tokens']} x {f['width']}] {f['floor']} "
+            f"{f['value']:.3g} < {f['bound']}"
+            for f in kernels.get("floors", [])
+            if not f["passed"]
+        ]
+    figures = [
+        {key: r[key] for key in ("framework", "kernel", "dtype", "tokens", "width")}
+        | {f"{label}_of_copy": r["variants"][label]["of_copy"] for label in VARIANTS}
+        | {"fused_vs_plain": r["fused_vs_plain"], "fused_vs_compiled": r["fused_vs_compiled"]}
+        for r in (kernels or {}).get("results", [])
+    ]
+    return {
+        "script": "benchmarks/gpu_check.sh",
+        "passed": not problems,
+        "problems": problems,
+        "gpus": gpus,
+        "seconds": seconds,
+        "budget_seconds": budget_seconds,
+        "tests": tests,
+        "tests_exit_status": tests_status,
+        "figures": figures,
+        "floors": (kernels or {}).get("floors", []),
+        "kernels": kernels,
+        "kernels_exit_status": kernels_status,
+    }
+
+
+def report_main(argv: list[str]) -> int:
+    """`python -c 'from benchmarks.kernels import report_main; ...' ARGS`: write gpu_check.sh's JSON, print it short."""
+    parser = argparse.ArgumentParser(description="assemble benchmarks/gpu_check.sh's report")
+    parser.add_argument("--tests-xml", type=Path, required=True)
+    parser.add_argument("--tests-status", type=int, required=True)
+    parser.add_argument("--kernels-json", type=Path, required=True)
+    parser.add_argument("--kernels-status", type=int, required=True)
+    parser.add_argument("--gpus", type=json.loads, default={})
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--budget-seconds", type=float, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    report = check_report(
+        args.tests_xml, args.tests_status, args.kernels_json, args.kernels_status, args.gpus, args.seconds,
+        args.budget_seconds,
+    )  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    tests = report["tests"]
+    if tests is not None:
+        print(
+            f"gpu tests: {tests['passed']} passed, {len(tests['failed'])} failed, {len(tests['skipped'])} skipped "
+            f"of {tests['total']}"
+        )
+    for f in report["figures"]:
+        print(
+            f"{f['framework']:<5} {f['kernel']:<12} [{f['tokens']} x {f['width']}] {f['dtype']}: of copy: fused "
+            f"{f['fused_of_copy']:.1%}, plain ops {f['plain_of_copy']:.1%}, compiled {f['compiled_of_copy']:.1%}; "
+            f"fused {f['fused_vs_plain']:.2f}x plain, {f['fused_vs_compiled']:.2f}x compiled"
+        )
+    print_floors(report["floors"])
+    verdict = "PASS" if report["passed"] else "FAIL:\n  " + "\n  ".join(report["problems"])
+    print(f"gpu_check {verdict}\n({report['seconds']:.0f} s of {report['budget_seconds']:.0f}; JSON: {args.out})")
+    return 0 if report["passed"] else 1
 
 
 def _ints(text: str) -> list[int]:
@@ -242,24 +474,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=_ints, default=[1, 16, 256, 4096, 32768])
     parser.add_argument("--widths", type=_ints, default=[1024, 2048, 4096, 8192])
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10, help="untimed calls first (compilation, autotuning)")
+    parser.add_argument("--samples", type=int, default=20, help="timed samples; the median is reported")
+    parser.add_argument("--calls", type=int, default=10, help="back-to-back calls per timed sample")
     parser.add_argument("--peak-gbps", type=float, default=None, help="spec memory bandwidth, if not in the table")
+    parser.add_argument("--json", type=Path, default=None, help="also write every figure and the floors here")
+    parser.add_argument("--require-gpu", action="store_true", help="exit 2 (not 0) when no GPU is found")
     args = parser.parse_args(argv)
 
     run_torch = args.framework in ("torch", "both") and _torch_gpu()
     run_jax = args.framework in ("jax", "both") and _jax_gpu()
     if not (run_torch or run_jax):
-        searched = "torch or jax" if args.framework == "both" else args.framework
-        print(
-            f"benchmarks/kernels.py needs a GPU: none found for {searched}. Interpret-mode (CPU) timings would "
-            "measure the interpreter, not the kernels; nothing measured."
-        )
-        return 0
+        print(NO_GPU.format(searched="torch or jax" if args.framework == "both" else args.framework))
+        return 2 if args.require_gpu else 0
+    out: dict[str, Any] = {
+        "host": platform.node(),
+        "devices": {},
+        "versions": {"python": platform.python_version()},
+        "copy_gbps": {},
+        "spec_peak_gbps": {},
+        "settings": {key: getattr(args, key) for key in ("dtype", "warmup", "samples", "calls", "tokens", "widths")},
+        "skipped": {},
+        "results": [],
+    }
+    for name, wanted, found in (("torch", "torch", run_torch), ("jax", "jax", run_jax)):
+        if args.framework in (wanted, "both") and not found:
+            out["skipped"][name] = "no GPU visible to it"
     if run_torch:
-        bench_torch(args)
+        bench_torch(args, out)
     if run_jax:
-        bench_jax(args)
+        bench_jax(args, out)
+    out["floors"] = evaluate_floors(out["results"])
+    out["floors_passed"] = all(f["passed"] for f in out["floors"]) if out["floors"] else None
+    print_floors(out["floors"])
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"figures written to {args.json}")
     return 0
 
 

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# One GPU check: the `gpu` tests and benchmarks/kernels.py on one GPU, within 8 minutes, into one JSON.
+#
+#   bash benchmarks/gpu_check.sh [OUT.json]    # default: $OUT/gpu_check.json when $OUT is set, else ./gpu_check.json
+#
+# For an H100/H200-class machine with what such a machine already has: torch with CUDA, triton, jax with CUDA,
+# flax, transformers. Nothing is installed or downloaded; the repository is put on PYTHONPATH. It runs
+#   1. the `gpu` tests (tests/gpu): the compiled Triton and Pallas kernels against their references with the
+#      kernel tolerance table, the whole model with kernels="fused" against kernels="reference" in bfloat16
+#      and float32, greedy generation on the GPU against the CPU reference on the default checkpoint;
+#   2. benchmarks/kernels.py at bfloat16, width 4096, 4096 and 16384 tokens: each kernel's bandwidth as a
+#      fraction of the measured device-to-device copy, beside the plain framework ops it replaces, and the
+#      floors (>= 85% of copy, >= 1.3x the plain ops);
+# then writes one JSON (benchmarks/kernels.py::check_report says what is in it) and prints the figures and
+# the floors. Exit status: 0 when every gpu test passed (none skipped) and every floor holds, 1 otherwise (the
+# JSON is written either way), 2 when there is no GPU: then it refuses before running anything.
+#
+# Why TRITON_INTERPRET is unset here: Triton decides between interpreting and compiling once per process,
+# when a kernel module is imported. The CPU suite's process interprets (tests/conftest.py sets
+# TRITON_INTERPRET=1 so that the kernels run on CPU tensors), and a gpu test must check the compiled kernel,
+# so the gpu tests run in a pytest process of their own (`-m gpu`, for which tests/conftest.py leaves the
+# variable unset on a CUDA machine), with the variable removed from the environment in case the caller set it.
+set -u
+
+BUDGET_S=480                                # the whole script, GPU start-up included: 8 minutes
+BENCH_MAX_S=170                             # benchmarks/kernels.py's share, at most
+cd "$(dirname "$0")/.." || exit 2
+root=$(pwd)
+out_json=${1:-${OUT:+$OUT/gpu_check.json}}
+out_json=${out_json:-gpu_check.json}
+python=${PYTHON:-python}
+start=$(date +%s)
+
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET                      # compile the Triton kernels (see above)
+unset JAX_PLATFORMS                         # JAX needs both: the GPU, and the CPU for the CPU reference
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # torch and JAX share the GPU within one process
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+# 1. Refuse cleanly without a GPU: nothing here means anything in interpret mode.
+gpus=$(timeout 120 "$python" - <<'EOF'
+import json
+import sys
+
+found = {"torch": None, "jax": None}
+try:
+    import torch
+
+    if torch.cuda.is_available():
+        found["torch"] = torch.cuda.get_device_name()
+except ImportError:
+    pass
+try:
+    import jax
+
+    found["jax"] = next((d.device_kind for d in jax.devices() if d.platform in ("gpu", "cuda")), None)
+except Exception:  # no jax, or a jaxlib that cannot start: no JAX GPU either way
+    pass
+print(json.dumps(found))
+sys.exit(0 if any(found.values()) else 3)
+EOF
+)
+status=$?
+if [ "$status" -ne 0 ]; then
+    echo "gpu_check: no GPU found (torch sees no CUDA device, JAX no GPU backend): refusing to run." >&2
+    echo "gpu_check: this script checks and measures the compiled kernels on one GPU; on a CPU machine run" >&2
+    echo "gpu_check: 'python -m pytest' instead (the CPU suite runs the same kernel source in interpret mode)." >&2
+    exit 2
+fi
+echo "gpu_check: GPUs $gpus; JSON to $out_json"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
+
+# 2. The gpu tests, in their own process (compiled Triton), leaving the benchmark its share and 20 s to spare.
+tests_budget=$(( $(left) - BENCH_MAX_S - 20 ))
+echo "gpu_check: gpu tests (at most ${tests_budget} s)"
+timeout --kill-after=10 "$tests_budget" "$python" -m pytest -q -p no:cacheprovider -m gpu -rs --tb=short \
+    tests/gpu --junitxml="$work/tests.xml"
+tests_status=$?
+
+# 3. The kernel benchmark: the floors' shape (bf16, width 4096, >= 4096 tokens), 4096 and 16384 tokens.
+bench_budget=$(( $(left) - 20 ))
+[ "$bench_budget" -gt "$BENCH_MAX_S" ] && bench_budget=$BENCH_MAX_S
+echo "gpu_check: benchmarks/kernels.py (at most ${bench_budget} s)"
+timeout --kill-after=10 "$bench_budget" "$python" benchmarks/kernels.py --require-gpu --dtype bfloat16 \
+    --widths 4096 --tokens 4096,16384 --warmup 5 --samples 15 --calls 10 --json "$work/kernels.json"
+bench_status=$?
+
+# 4. One JSON, the figures and the floors printed, the verdict as the exit status.
+"$python" -c 'import sys; from benchmarks.kernels import report_main; sys.exit(report_main(sys.argv[1:]))' \
+    --tests-xml "$work/tests.xml" --tests-status "$tests_status" \
+    --kernels-json "$work/kernels.json" --kernels-status "$bench_status" \
+    --gpus "$gpus" --seconds "$(( $(date +%s) - start ))" --budget-seconds "$BUDGET_S" --out "$out_json"

@@ -1,0 +1,143 @@
+"""benchmarks/gpu_check.sh and its report, on the CPU (these tests are not marked `gpu`: they run everywhere).
+
+Without a GPU the script must refuse before running anything: a message that says why and what to run
+instead, exit status 2, no JSON. Its report (benchmarks/kernels.py::check_report) and the floors
+(benchmarks/kernels.py::evaluate_floors) are plain Python over the figures, checked here on made-up ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.kernels import _record, check_report, evaluate_floors, report_main
+
+ROOT = Path(__file__).resolve().parents[2]
+COPY_GBPS = 4000.0
+
+
+def _no_gpu() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the script would run for real")
+
+
+def test_gpu_check_refuses_cleanly_without_a_gpu(tmp_path: Path) -> None:
+    _no_gpu()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"OUT": str(tmp_path / "out")}
+    for args in ([str(tmp_path / "given.json")], []):  # a given path, and $OUT
+        done = subprocess.run(
+            ["bash", "benchmarks/gpu_check.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "no GPU found" in done.stderr and "refusing to run" in done.stderr
+        assert "python -m pytest" in done.stderr  # what to run instead
+        assert "gpu tests" not in done.stdout  # refused before running anything
+    assert not (tmp_path / "given.json").exists() and not (tmp_path / "out").exists()
+
+
+def test_kernel_benchmark_requiring_a_gpu_exits_2_without_one() -> None:
+    _no_gpu()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "benchmarks/kernels.py", "--require-gpu"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "needs a GPU" in done.stdout
+
+
+def _result(framework: str, kernel: str, tokens: int, width: int, fused_of_copy: float, vs_plain: float) -> dict:
+    """A benchmark record: the fused kernel at `fused_of_copy` of the copy bandwidth, `vs_plain` x the plain ops."""
+    nbytes = 1_000_000_000
+    fused = nbytes / (fused_of_copy * COPY_GBPS * 1e9)  # seconds per call
+    seconds = {"fused": fused, "plain": fused * vs_plain, "compiled": fused * 1.05}
+    case = {"framework": framework, "kernel": kernel, "dtype": "bfloat16", "tokens": tokens, "width": width}
+    return case | _record(seconds, nbytes, COPY_GBPS, None)
+
+
+def test_floors_apply_to_their_shape_only() -> None:
+    results = [
+        _result("torch", "add_rms_norm", 4096, 4096, 0.90, 2.5),  # both floors hold
+        _result("torch", "silu_and_mul", 4096, 4096, 0.80, 2.5),  # below 85% of copy
+        _result("jax", "add_rms_norm", 16384, 4096, 0.92, 1.2),  # below 1.3x the plain ops
+        _result("jax", "silu_and_mul", 1024, 4096, 0.10, 1.0),  # too few tokens: no floor applies
+        _result("jax", "silu_and_mul", 4096, 1024, 0.10, 1.0),  # another width: no floor applies
+    ]
+    assert abs(results[0]["variants"]["fused"]["of_copy"] - 0.90) < 1e-12
+    assert abs(results[0]["fused_vs_plain"] - 2.5) < 1e-12
+    floors = evaluate_floors(results)
+    assert len(floors) == 6  # two floors for each of the three floor-shaped cases
+    failed = {(f["framework"], f["kernel"], f["bound"]) for f in floors if not f["passed"]}
+    assert failed == {("torch", "silu_and_mul", 0.85), ("jax", "add_rms_norm", 1.3)}
+
+
+def _junit(path: Path, outcomes: dict[str, str]) -> Path:
+    """A pytest --junitxml file with one test case per name, each 'passed', 'failed' or 'skipped'."""
+    cases = []
+    for name, outcome in outcomes.items():
+        inner = {"passed": "", "failed": '<failure message="assert 1 == 2"/>', "skipped": '<skipped message="no GPU"/>'}
+        cases.append(
+            f'<testcase classname="tests.gpu.test_gpu_model" name="{name}" time="1.5">{inner[outcome]}</testcase>'
+        )
+    path.write_text(
+        f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{"".join(cases)}</testsuite></testsuites>'
+    )
+    return path
+
+
+def _kernels_json(path: Path, results: list[dict], skipped: dict | None = None) -> Path:
+    floors = evaluate_floors(results)
+    path.write_text(json.dumps({"results": results, "floors": floors, "skipped": skipped or {}}))
+    return path
+
+
+def test_check_report_passes_only_when_every_check_ran_and_holds(tmp_path: Path) -> None:
+    good = [_result(fw, k, 4096, 4096, 0.9, 2.0) for fw in ("torch", "jax") for k in ("add_rms_norm", "silu_and_mul")]
+    tests = _junit(tmp_path / "ok.xml", {"test_a": "passed", "test_b": "passed"})
+    kernels = _kernels_json(tmp_path / "ok.json", good)
+
+    def report(tests_xml=tests, tests_status=0, kernels_json=kernels, kernels_status=0) -> dict:
+        return check_report(tests_xml, tests_status, kernels_json, kernels_status, {"torch": "H200"}, 300.0, 480.0)
+
+    passed = report()
+    assert passed["passed"] and passed["problems"] == []
+    assert passed["tests"]["passed"] == 2 and passed["tests"]["total"] == 2
+    assert len(passed["figures"]) == 4 and len(passed["floors"]) == 8
+    assert {"fused_of_copy", "plain_of_copy", "compiled_of_copy", "fused_vs_plain"} <= set(passed["figures"][0])
+
+    skipped = report(tests_xml=_junit(tmp_path / "skip.xml", {"test_a": "passed", "test_b": "skipped"}))
+    assert not skipped["passed"] and any("skipped, so not checked" in p for p in skipped["problems"])
+    failed = report(tests_xml=_junit(tmp_path / "fail.xml", {"test_a": "failed"}), tests_status=1)
+    assert not failed["passed"] and failed["tests"]["failed"][0]["message"] == "assert 1 == 2"
+    assert not report(tests_xml=tmp_path / "missing.xml", tests_status=124)["passed"]  # timed out, no report
+    slow = _kernels_json(tmp_path / "slow.json", [*good[:3], _result("jax", "silu_and_mul", 4096, 4096, 0.5, 2.0)])
+    below = report(kernels_json=slow)
+    assert not below["passed"] and below["problems"] == [
+        "below the floor: jax silu_and_mul [4096 x 4096] fused bandwidth / copy bandwidth 0.5 < 0.85"
+    ]
+    unmeasured = report(kernels_json=_kernels_json(tmp_path / "none.json", [], skipped={"jax": "no GPU visible"}))
+    assert not unmeasured["passed"] and len(unmeasured["problems"]) == 2  # jax skipped; floors not evaluated
+
+
+def test_report_main_writes_the_json_and_exits_with_the_verdict(tmp_path: Path, capsys) -> None:
+    good = [_result("torch", k, 4096, 4096, 0.9, 2.0) for k in ("add_rms_norm", "silu_and_mul")]
+    args = [
+        "--tests-xml", str(_junit(tmp_path / "t.xml", {"test_a": "passed"})), "--tests-status", "0",
+        "--kernels-json", str(_kernels_json(tmp_path / "k.json", good)), "--kernels-status", "0",
+        "--gpus", '{"torch": "NVIDIA H200"}', "--seconds", "250", "--budget-seconds", "480",
+        "--out", str(tmp_path / "out" / "gpu_check.json"),
+    ]  # fmt: skip
+    assert report_main(args) == 0
+    written = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert written["passed"] and written["gpus"] == {"torch": "NVIDIA H200"}
+    printed = capsys.readouterr().out
+    assert "gpu_check PASS" in printed and "fused bandwidth / copy bandwidth: 90.0%" in printed
+    args[args.index("--tests-status") + 1] = "124"
+    assert report_main(args) == 1
+    assert "ran past their time budget" in capsys.readouterr().out

@@ -487,8 +487,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (run_torch or run_jax):
         print(NO_GPU.format(searched="torch or jax" if args.framework == "both" else args.framework))
         return 2 if args.require_gpu else 0
+    from benchmarks.machine import describe, line
+
+    print(line())  # the host: the GPU figures come from the device, but say where they were taken
     out: dict[str, Any] = {
         "host": platform.node(),
+        "machine": describe(),
         "devices": {},
         "versions": {"python": platform.python_version()},
         "copy_gbps": {},

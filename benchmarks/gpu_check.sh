@@ -76,6 +76,7 @@ left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 
 # 2. The gpu tests, in their own process (compiled Triton), leaving the benchmark its share and 20 s to spare.
 tests_budget=$(( $(left) - BENCH_MAX_S - 20 ))
+[ "$tests_budget" -lt 60 ] && tests_budget=60
 echo "gpu_check: gpu tests (at most ${tests_budget} s)"
 timeout --kill-after=10 "$tests_budget" "$python" -m pytest -q -p no:cacheprovider -m gpu -rs --tb=short \
     tests/gpu --junitxml="$work/tests.xml"
@@ -84,6 +85,7 @@ tests_status=$?
 # 3. The kernel benchmark: the floors' shape (bf16, width 4096, >= 4096 tokens), 4096 and 16384 tokens.
 bench_budget=$(( $(left) - 20 ))
 [ "$bench_budget" -gt "$BENCH_MAX_S" ] && bench_budget=$BENCH_MAX_S
+[ "$bench_budget" -lt 60 ] && bench_budget=60
 echo "gpu_check: benchmarks/kernels.py (at most ${bench_budget} s)"
 timeout --kill-after=10 "$bench_budget" "$python" benchmarks/kernels.py --require-gpu --dtype bfloat16 \
     --widths 4096 --tokens 4096,16384 --warmup 5 --samples 15 --calls 10 --json "$work/kernels.json"

@@ -86,7 +86,7 @@ class Checkpoint:
         weight_map = index.get("weight_map") if isinstance(index, dict) else index
         if not isinstance(weight_map, dict):
             raise CheckpointError(
-                f"{index_path}: not a valid safetensors index: needs a \"weight_map\" object mapping tensor names "
+                f'{index_path}: not a valid safetensors index: needs a "weight_map" object mapping tensor names '
                 f"to shard file names, got {json.dumps(weight_map)[:80]}"
             )
         bad = [f"{n!r} -> {json.dumps(s)[:80]}" for n, s in weight_map.items() if not _plain_file_name(s)]

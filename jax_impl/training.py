@@ -1,0 +1,181 @@
+"""Training: the next-token loss, every parameter's gradient by checkpoint name, and an AdamW step.
+
+Mirrors torch_impl/training.py (same names, same arithmetic; spec/training.py fixes the conventions). The
+loss is computed in float32 from the logits whatever the model dtype; `cross_entropy`'s custom VJP keeps
+only the logits and each row's log-sum-exp for the backward (XLA fuses the float32 upcast into the
+reductions and into d_logits), so no second float32 [B, T, V] array is kept. Labels are shifted by moving
+them, not the logits. The optimizer is an optax chain built to do torch.optim.AdamW's arithmetic after
+torch's clip_grad_norm_ (`torch_like_clip`: scale by max_norm / (norm + 1e-6) when below 1).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jax_impl.model import CausalLM, causal_mask, default_positions
+from spec import InputError, check_token_ids
+from spec.params import LINEAR, runtime_groups
+from spec.training import IGNORE_INDEX, AdamW, check_labels, checkpoint_grads, decays
+
+_FLAX_ROLE = {"kernel": "weight", "bias": "bias", "weight": "weight"}  # Flax attribute -> the table's role
+
+
+@jax.custom_vjp
+def _mean_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean cross-entropy of logits [N, V] (any float dtype) against targets [N] (-100: not counted)."""
+    return _nll_fwd(logits, targets)[0]
+
+
+def _nll_fwd(logits, targets):
+    counted = targets != IGNORE_INDEX  # [N]
+    x = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(x, axis=-1)  # [N]
+    target = jnp.take_along_axis(x, jnp.maximum(targets, 0)[:, None], axis=-1)[:, 0]
+    count = counted.sum()
+    value = jnp.where(counted, lse - target, 0.0).sum() / count
+    return value, (logits, targets, lse, count)
+
+
+def _nll_bwd(residuals, grad):
+    logits, targets, lse, count = residuals
+    counted = targets != IGNORE_INDEX
+    p = jnp.exp(logits.astype(jnp.float32) - lse[:, None])  # softmax [N, V]
+    onehot = jnp.arange(logits.shape[-1])[None, :] == targets[:, None]  # never true where targets = -100
+    scale = jnp.where(counted, grad / count, 0.0)[:, None]
+    return ((p - onehot) * scale).astype(logits.dtype), None
+
+
+_mean_nll.defvjp(_nll_fwd, _nll_bwd)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """logits [B, T, V], labels [B, T] (-100: not counted) -> the mean next-token loss (float32 scalar).
+
+    Logits at t predict labels at t + 1: the labels move left by one and the last position counts nothing.
+    """
+    targets = jnp.concatenate([labels[:, 1:], jnp.full_like(labels[:, :1], IGNORE_INDEX)], axis=1)  # [B, T]
+    return _mean_nll(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _loss_of(graphdef, params, rest, ids, key_valid, labels):
+    model = nnx.merge(graphdef, params, rest)
+    t = ids.shape[1]
+    logits, _ = model.logits(ids, default_positions(key_valid, 0, t), causal_mask(key_valid, 0, t))
+    return cross_entropy(logits, labels)
+
+
+@partial(jax.jit, static_argnames=("graphdef",))
+def _value_and_grad(graphdef, params, rest, ids, key_valid, labels):
+    """The one jit-compiled entry point of the loss and its gradients."""
+    return jax.value_and_grad(_loss_of, argnums=1)(graphdef, params, rest, ids, key_valid, labels)
+
+
+def _batch(model: CausalLM, input_ids, labels, attention_mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if model.layout.tp > 1:
+        raise InputError("loss_and_grads on a tensor-parallel JAX model is not supported (use tp=1)")
+    ids = check_token_ids(np.asarray(input_ids), model.spec)
+    counted = check_labels(labels, ids, model.spec, attention_mask)
+    key_valid = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
+    if key_valid.shape != ids.shape:
+        raise InputError(f"attention_mask has shape {list(key_valid.shape)}, expected {list(ids.shape)}")
+    return ids.astype(np.int32), key_valid, counted.astype(np.int32)
+
+
+def _runtime_key(path: tuple) -> tuple[str, str]:
+    """A Param's state path -> (module, role) of the parameter table."""
+    return ".".join(str(p) for p in path[:-1]), _FLAX_ROLE[path[-1]]
+
+
+def _checkpoint_layout(model: CausalLM, state: nnx.State) -> dict[str, np.ndarray]:
+    """Param-shaped values (gradients or parameters) -> checkpoint names, float32 numpy, torch layout."""
+    kinds = {key: entries[0].kind for key, entries in runtime_groups(model.spec).items()}
+    runtime = {}
+    for path, value in nnx.to_flat_state(state):
+        key = _runtime_key(path)
+        array = np.asarray(value[...] if hasattr(value, "get_value") else value, dtype=np.float32)
+        runtime[key] = array.T if kinds[key] == LINEAR else array  # Flax [in, out] -> [out, in]
+    return checkpoint_grads(model.spec, runtime)
+
+
+def loss_and_grads(
+    model: CausalLM,
+    input_ids: np.ndarray,
+    labels: np.ndarray | None = None,
+    attention_mask: np.ndarray | None = None,
+) -> tuple[float, dict[str, np.ndarray]]:
+    """(loss, gradients keyed by checkpoint tensor name, float32 numpy in the checkpoint's [out, in] layout)."""
+    ids, key_valid, counted = _batch(model, input_ids, labels, attention_mask)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    value, grads = _value_and_grad(graphdef, params, rest, ids, key_valid, counted)
+    return float(value), _checkpoint_layout(model, grads)
+
+
+def torch_like_clip(max_norm: float) -> optax.GradientTransformation:
+    """Global-norm clipping as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when < 1."""
+
+    def update(updates, state, params=None):
+        norm = optax.global_norm(updates)
+        scale = jnp.minimum(max_norm / (norm + 1e-6), 1.0)
+        return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def make_optimizer(model: CausalLM, config: AdamW) -> nnx.Optimizer:
+    """torch.optim.AdamW's arithmetic: clipping, then Adam with bias correction on both moments, decoupled
+    weight decay on 2-D weights only (norms and biases excluded: spec/training.py), then -lr."""
+    kinds = {key: entries[0].kind for key, entries in runtime_groups(model.spec).items()}
+
+    def decay_mask(params: nnx.State) -> nnx.State:
+        flat = nnx.to_flat_state(params)
+        return nnx.from_flat_state([(path, decays(kinds[_runtime_key(path)])) for path, _ in flat])
+
+    chain = [] if config.max_grad_norm is None else [torch_like_clip(config.max_grad_norm)]
+    chain.append(
+        optax.adamw(
+            config.lr, config.beta1, config.beta2, config.eps, weight_decay=config.weight_decay, mask=decay_mask
+        )
+    )
+    return nnx.Optimizer(model, optax.chain(*chain), wrt=nnx.Param)
+
+
+@nnx.jit
+def _step(model: CausalLM, optimizer: nnx.Optimizer, ids, key_valid, labels):
+    def loss_fn(model: CausalLM) -> jax.Array:
+        t = ids.shape[1]
+        logits, _ = model.logits(ids, default_positions(key_valid, 0, t), causal_mask(key_valid, 0, t))
+        return cross_entropy(logits, labels)
+
+    value, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return value
+
+
+def train_step(
+    model: CausalLM,
+    optimizer: nnx.Optimizer,
+    config: AdamW,
+    input_ids: np.ndarray,
+    labels: np.ndarray | None = None,
+    attention_mask: np.ndarray | None = None,
+) -> float:
+    """One step: loss, gradients, clipping, AdamW (all in one compiled program). Returns the loss.
+
+    `config` is the one the optimizer was made from (the same signature as torch_impl.train_step).
+    """
+    ids, key_valid, counted = _batch(model, input_ids, labels, attention_mask)
+    return float(_step(model, optimizer, ids, key_valid, counted))
+
+
+def parameters(model: CausalLM) -> dict[str, np.ndarray]:
+    """Every parameter by checkpoint tensor name, float32 numpy, [out, in] (what training steps compare)."""
+    return _checkpoint_layout(model, nnx.state(model, nnx.Param))
+
+
+__all__ = ["cross_entropy", "loss_and_grads", "make_optimizer", "parameters", "torch_like_clip", "train_step"]

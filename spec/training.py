@@ -1,0 +1,132 @@
+"""Training, framework-neutral: the loss's labels, the optimizer's one set of hyperparameters, and the names
+gradients are reported under. Read by torch_impl/training.py and jax_impl/training.py (docs/design.md,
+"Training").
+
+- Labels follow transformers' convention: `labels` [B, T] (default: the ids) are shifted inside the loss
+  (logits at t predict labels at t + 1); positions labelled -100 are not counted, nor, where an
+  attention_mask is given, a padding position (mask 0) or the token a padding position would predict (the
+  first real token of a left-padded row: its "prediction" comes from a pad's state); the loss is the mean
+  over the counted tokens, in float32.
+- AdamW as torch.optim.AdamW computes it (decoupled weight decay, bias correction on both moments) after
+  torch's global-norm clipping (`clip_grad_norm_`: scale by max_norm / (norm + 1e-6) when below 1). Weight
+  decay applies to 2-D weights only (Linear weights, the embedding), never to norms or biases: the
+  parameter table's `kind` says which.
+- Gradients are keyed by checkpoint tensor name in the checkpoint's layout ([out, in]); a packed runtime
+  parameter (gate_up) is split back into its checkpoint tensors; a tied table has one gradient (the sum of
+  its gather and head uses) under `model.embed_tokens.weight`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from spec.config import ModelSpec
+from spec.errors import InputError
+from spec.params import EMBEDDING, LINEAR, ParamEntry, runtime_groups
+
+IGNORE_INDEX = -100  # transformers' label for "not counted"
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """The one hyperparameter set both backends' optimizers are built from."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0  # global-norm clipping as torch.nn.utils.clip_grad_norm_; None: off
+
+    def __post_init__(self) -> None:
+        def real(name: str) -> float:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise InputError(f"AdamW {name} must be a finite number, got {value!r}")
+            return float(value)
+
+        if not real("lr") > 0:
+            raise InputError(f"AdamW lr must be > 0, got {self.lr!r}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= real(name) < 1:
+                raise InputError(f"AdamW {name} must be in [0, 1), got {getattr(self, name)!r}")
+        if not real("eps") > 0:
+            raise InputError(f"AdamW eps must be > 0, got {self.eps!r}")
+        if not real("weight_decay") >= 0:
+            raise InputError(f"AdamW weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.max_grad_norm is not None and not real("max_grad_norm") > 0:
+            raise InputError(f"AdamW max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
+
+
+def decays(kind: str) -> bool:
+    """Weight decay on 2-D weights (Linear weights, the embedding) only: never norms or biases."""
+    return kind in (LINEAR, EMBEDDING)
+
+
+def check_labels(
+    labels: np.ndarray | None, ids: np.ndarray, spec: ModelSpec, attention_mask: np.ndarray | None = None
+) -> np.ndarray:
+    """The labels the loss counts, int64 [B, T]: the ids by default, -100 where not counted (padding too).
+
+    Refuses a wrong shape, a label outside [0, V) other than -100, and a batch in which no token is counted
+    (after the shift), naming the value.
+    """
+    ids = np.asarray(ids)
+    if labels is None:
+        labels = ids
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu":
+        raise InputError(f"labels must be integers, got dtype {labels.dtype}")
+    if labels.shape != ids.shape:
+        raise InputError(f"labels have shape {list(labels.shape)}, the ids {list(ids.shape)}")
+    labels = labels.astype(np.int64)
+    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= spec.vocab_size))
+    if bad.any():
+        row, col = (int(i) for i in np.argwhere(bad)[0])
+        raise InputError(
+            f"label {int(labels[row, col])} at [{row}, {col}] is outside the vocabulary [0, {spec.vocab_size}) "
+            f"and is not {IGNORE_INDEX}"
+        )
+    if attention_mask is not None:  # a padded position is neither predicted nor predicts (its state is not a token's)
+        real = np.asarray(attention_mask).astype(bool)
+        labels = np.where(real, labels, IGNORE_INDEX)
+        labels[:, 1:] = np.where(real[:, :-1], labels[:, 1:], IGNORE_INDEX)
+    if not (labels[:, 1:] != IGNORE_INDEX).any():
+        raise InputError("no token is counted by the loss: every shifted label is -100 or padding")
+    return labels
+
+
+def checkpoint_grads(spec: ModelSpec, runtime: dict[tuple[str, str], np.ndarray]) -> dict[str, np.ndarray]:
+    """Runtime parameter gradients (module, role) -> (torch layout) -> checkpoint tensor name -> gradient.
+
+    Packed parameters are split back along axis 0 in the table's order (gate first); a tied table's single
+    gradient already holds both of its uses.
+    """
+    grads: dict[str, np.ndarray] = {}
+    for key, entries in runtime_groups(spec).items():
+        grad = runtime[key]
+        for entry, part in zip(entries, _split(grad, entries), strict=True):
+            grads[entry.name] = part
+    return grads
+
+
+def _split(grad: np.ndarray, entries: list[ParamEntry]) -> Iterator[np.ndarray]:
+    start = 0
+    for entry in entries:
+        yield grad[start : start + entry.shape[0]]
+        start += entry.shape[0]
+
+
+def backward_order(spec: ModelSpec) -> list[str]:
+    """Checkpoint tensor names in the order backpropagation reaches them: head, final norm, last layer ...
+    first layer, embedding. The first gradient that diverges in this order is where a bug shows first."""
+    from spec.params import param_table
+
+    return [e.name for e in reversed(param_table(spec))]
+
+
+__all__ = ["IGNORE_INDEX", "AdamW", "backward_order", "check_labels", "checkpoint_grads", "decays"]

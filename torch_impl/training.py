@@ -1,0 +1,174 @@
+"""Training: the next-token loss, every parameter's gradient by checkpoint name, and an AdamW step.
+
+Mirrors jax_impl/training.py (same names, same arithmetic; spec/training.py fixes the conventions). The
+loss is computed in float32 from the logits whatever the model dtype, without a second float32 [B, T, V]
+copy: `ChunkedCrossEntropy` reads the logits a block of rows at a time in its forward (keeping only the
+row's log-sum-exp) and writes d_logits the same way in its backward. Labels are shifted by moving them, not
+the logits, so the [B, T, V] logits are never sliced into a copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from spec import InputError
+from spec.params import runtime_groups
+from spec.training import IGNORE_INDEX, AdamW, check_labels, checkpoint_grads, decays
+from torch_impl.model import CausalLM
+
+_ROWS = 1024  # rows of logits per block: a [1024, V] float32 temporary, whatever B * T is
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of logits [N, V] (any float dtype) against targets [N] (-100: not counted)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        counted = targets != IGNORE_INDEX  # [N]
+        safe = targets.clamp(min=0)[:, None]  # [N, 1]: any row index where not counted
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # [N]
+        total = torch.zeros((), dtype=torch.float64, device=logits.device)
+        for start in range(0, logits.shape[0], _ROWS):
+            rows = slice(start, start + _ROWS)
+            x = logits[rows].float()  # [n, V]
+            lse[rows] = torch.logsumexp(x, dim=-1)
+            nll = lse[rows] - x.gather(-1, safe[rows])[:, 0]
+            total += nll.masked_fill(~counted[rows], 0).sum(dtype=torch.float64)
+        count = counted.sum()
+        ctx.save_for_backward(logits, safe, counted, lse, count)
+        return (total / count).float()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        logits, safe, counted, lse, count = ctx.saved_tensors
+        d_logits = torch.empty_like(logits)
+        scale = grad.float() / count.float()
+        for start in range(0, logits.shape[0], _ROWS):
+            rows = slice(start, start + _ROWS)
+            p = torch.exp(logits[rows].float() - lse[rows, None])  # softmax [n, V]
+            p.scatter_add_(-1, safe[rows], torch.full_like(p[:, :1], -1.0))  # - one-hot of the target
+            d_logits[rows] = (p * (counted[rows, None] * scale)).to(logits.dtype)
+        return d_logits, None
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """logits [B, T, V], labels [B, T] (-100: not counted) -> the mean next-token loss (float32 scalar).
+
+    Logits at t predict labels at t + 1: the labels move left by one and the last position counts nothing.
+    """
+    targets = torch.full_like(labels, IGNORE_INDEX)
+    targets[:, :-1] = labels[:, 1:]  # [B, T]
+    return ChunkedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _runtime_names(model: CausalLM) -> dict[str, tuple[str, str]]:
+    """Parameter name -> (module, role) of the parameter table; a tied head appears once (the embedding)."""
+    names = {}
+    for name, _ in model.named_parameters():
+        module, role = name.rsplit(".", 1)
+        names[name] = (module, role)
+    return names
+
+
+def _trainable(model: CausalLM) -> list[torch.nn.Parameter]:
+    params = list(model.parameters())
+    if any(p.is_inference() for p in params):
+        raise InputError(
+            "this model's parameters were created under torch.inference_mode and cannot take a gradient: "
+            "load it outside inference_mode"
+        )
+    if model.layout.tp > 1:
+        raise InputError("loss_and_grads on a tensor-parallel torch model is not supported (use tp=1)")
+    return params
+
+
+def loss(
+    model: CausalLM,
+    input_ids: np.ndarray,
+    labels: np.ndarray | None = None,
+    attention_mask: np.ndarray | None = None,
+) -> torch.Tensor:
+    """The differentiable loss (a float32 scalar tensor) of one batch; see spec/training.py for the labels."""
+    ids = np.asarray(input_ids)
+    counted = check_labels(labels, ids, model.spec, attention_mask)
+    logits = model(ids, attention_mask=attention_mask)  # [B, T, V] in the model's dtype
+    return cross_entropy(logits, torch.as_tensor(counted, device=logits.device))
+
+
+def loss_and_grads(
+    model: CausalLM,
+    input_ids: np.ndarray,
+    labels: np.ndarray | None = None,
+    attention_mask: np.ndarray | None = None,
+) -> tuple[float, dict[str, np.ndarray]]:
+    """(loss, gradients keyed by checkpoint tensor name, float32 numpy in the checkpoint's [out, in] layout).
+
+    The model's parameters are made to require gradients for the call and restored afterwards.
+    """
+    params = _trainable(model)
+    was = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        with torch.enable_grad():
+            value = loss(model, input_ids, labels, attention_mask)
+            grads = torch.autograd.grad(value, params)
+    finally:
+        for p, flag in zip(params, was, strict=True):
+            p.requires_grad_(flag)
+    keys = _runtime_names(model)
+    runtime = {
+        keys[name]: g.float().cpu().numpy().copy() for (name, _), g in zip(model.named_parameters(), grads, strict=True)
+    }
+    return float(value.detach()), checkpoint_grads(model.spec, runtime)
+
+
+def make_optimizer(model: CausalLM, config: AdamW) -> torch.optim.AdamW:
+    """torch.optim.AdamW with two groups: 2-D weights decay, norms and biases do not (spec/training.py)."""
+    kinds = {key: entries[0].kind for key, entries in runtime_groups(model.spec).items()}
+    keys = _runtime_names(model)
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if decays(kinds[keys[name]]) else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, foreach=False)
+
+
+def train_step(
+    model: CausalLM,
+    optimizer: torch.optim.AdamW,
+    config: AdamW,
+    input_ids: np.ndarray,
+    labels: np.ndarray | None = None,
+    attention_mask: np.ndarray | None = None,
+) -> float:
+    """One step: loss, backward, global-norm clipping (torch's clip_grad_norm_), AdamW. Returns the loss."""
+    params = _trainable(model)
+    model.requires_grad_(True)
+    optimizer.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        value = loss(model, input_ids, labels, attention_mask)
+        value.backward()
+    if config.max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=False)
+    optimizer.step()
+    return float(value.detach())
+
+
+def parameters(model: CausalLM) -> dict[str, np.ndarray]:
+    """Every parameter by checkpoint tensor name, float32 numpy, [out, in] (what training steps compare)."""
+    keys = _runtime_names(model)
+    runtime = {keys[name]: p.detach().float().cpu().numpy().copy() for name, p in model.named_parameters()}  # not views
+    return checkpoint_grads(model.spec, runtime)
+
+
+__all__ = [
+    "ChunkedCrossEntropy",
+    "cross_entropy",
+    "loss",
+    "loss_and_grads",
+    "make_optimizer",
+    "parameters",
+    "train_step",
+]

@@ -1,10 +1,16 @@
-"""`decoder-parity generate`: streams tokens, compares backends, exits 2 on bad requests with the reason."""
+"""`decoder-parity generate`: streams tokens, compares backends, exits 2 on bad requests with the reason, before
+any model loads."""
 
 from __future__ import annotations
+
+import io
+import json
+import shutil
 
 import pytest
 
 from parity.__main__ import main
+from parity.cli_generate import TextStream
 
 
 def test_generate_both_backends_agree(default_dir, capsys):
@@ -27,16 +33,56 @@ def test_generate_streams_ids_without_tokenizer(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1, got 0"),
         (["--max-new-tokens", "600"], "exceeds the model's max_position_embeddings=512"),
         (["--top-p", "1.5"], "top_p must lie in (0, 1]"),
-        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
+        (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+        (["--temperature", "nan"], "temperature must be a finite number >= 0"),
         (["--ids", "1,2,999"], "is outside the vocabulary"),
+        (["--ids", "1,99999999999999999999"], "is outside the vocabulary"),
+        (["--tp", "0"], "argument --tp: must be >= 1, got 0"),
+        (["--tp", "-1"], "argument --tp: must be >= 1, got -1"),
+        (["--tp", "3"], "tensor-parallel degree 3 does not fit this model"),
+        (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+        (["--seed", str(2**70)], "argument --seed: must be <= 9223372036854775807"),
+        (["--dtype", "float64"], "invalid choice: 'float64'"),
     ],
 )
-def test_bad_requests_exit_2(default_dir, capsys, args, needle):
+def test_bad_requests_exit_2_before_loading(default_dir, capsys, args, needle):
     assert main(["generate", str(default_dir), *args]) == 2
-    assert needle in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert needle in err and "Traceback" not in err, err
+    assert "[torch]" not in out  # refused before the first backend started
+
+
+def test_broken_checkpoint_and_tokenizer_exit_2_before_loading(default_dir, tmp_path, capsys):
+    directory = shutil.copytree(default_dir, tmp_path / "ckpt")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "intermediate_size": 100}))
+    assert main(["generate", str(directory), "--ids", "1,2"]) == 2
+    out, err = capsys.readouterr()
+    assert "has shape [176, 64], expected [100, 64]" in err and "[torch]" not in out
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "tokenizer.json").write_text("{}")
+    assert main(["generate", str(directory), "--prompt", "hi"]) == 2
+    assert "is not a valid tokenizer.json" in capsys.readouterr().err
+    assert main(["generate", str(directory), "--ids", "1,2"]) == 2  # streaming needs the tokenizer too
+    assert "is not a valid tokenizer.json" in capsys.readouterr().err
+
+
+def test_text_stream_holds_back_a_partial_utf8_character(default_dir):
+    """Byte-level tokens: 0xC3 alone decodes to U+FFFD; with 0xA9 it is 'é'. No raw id, no stray U+FFFD."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(default_dir / "tokenizer.json"))
+    out = io.StringIO()
+    stream = TextStream(lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False), out)
+    for step, token in enumerate([ord("a"), 0xC3, 0xA9, ord("b"), 0xE2, 0x82]):  # ends inside a 3-byte "€"
+        stream(step, [token])
+    assert out.getvalue() == "aéb"
+    stream.finish()  # the cut-off character is shown once generation has ended
+    assert out.getvalue() == "aéb\ufffd"
 
 
 def test_missing_directory_exits_2(tmp_path, capsys):

@@ -1,46 +1,114 @@
-"""`Linear`: Flax's nnx.Linear (kernel [in, out], bias) whose product splits the contraction for decode steps.
+"""`Linear`: Flax's nnx.Linear (kernel [in, out], bias) whose product takes, per shape, the faster of two
+equivalent forms on the machine that runs it.
 
 Mirrors torch_impl/linear.py: each backend's CPU choice for the same projections. The parameters are
-nnx.Linear's own, so the loader, sharding rules and checkpoints see no difference; only `dot_general`
-changes, and only for float32 products of one token row (batch-1 decode) on the CPU:
+nnx.Linear's own, so the loader, sharding rules and checkpoints see no difference; only `dot_general` changes.
 
-x [m, in] @ W [in, out] streams W, and XLA:CPU's dot does that at 20-26 GB/s on the 2-core AMD EPYC this
-project runs CI on for the tall, narrow weights of a decode step (o_proj [2048, 1024], down_proj
-[3072, 1024]), against 29-34 GB/s for the same product on a [out, in] weight. Splitting the contraction into
-SPLIT_CHUNKS contiguous row blocks of W (a reshape, no copy: [in, out] -> [c, in/c, out]), one batched
-product per block and a sum of the c partial rows streams those weights at 26-29 GB/s. All 28 layers of
-Qwen3-0.6B's products (benchmarks/gemv_layout.py, variants interleaved): 26.2 GB/s single dot, 30.3 GB/s
-split, 31.8 GB/s on the [out, in] layout; a whole decode step gains 7-10%. With 2-4 rows XLA's dot runs at
-14-16 GB/s whether split or not (measured), and prefill is compute-bound, so those keep the single dot.
+x [m, in] @ W [in, out] with few rows m (a decode step) streams W, and how fast XLA:CPU's dot streams a tall,
+narrow [in, out] weight depends on the processor. The other form splits the contraction into SPLIT_CHUNKS
+contiguous row blocks of W (a reshape, no copy: [in, out] -> [c, in/c, out]), one batched product per block
+and a sum of the c partial rows, which streams such weights faster on some processors (AMD EPYC) and not on
+others (docs/benchmarks.md). So neither is fixed: the first trace of each (rows, in, out, dtype) key asks
+`PATHS` (spec/path_choice.py), which compiles both forms as two small programs and times them outside the trace
+(`jax.ensure_compile_time_eval`) on arrays of that shape, over enough distinct weights that they cannot all
+stay in cache, as a decode step streams its weights. The process keeps the faster form for that key, so every
+later trace agrees; the compiled program holds whichever form was chosen when it was traced.
 
-The partial products accumulate in float32 and their sum is float32 too; the result differs from the single
-dot only by summation order (max error vs a float64 product of the same order, tests/jax_impl/test_linear.py).
+Both forms accumulate in float32 (the split sums its float32 partial rows, then casts); they differ only by
+summation order (tests/jax_impl/test_linear.py checks each against a float64 product). `PATHS.forced("split")`
+or `dot_general(..., path=...)` pins a form while tracing (tests, comparisons). Products with many rows
+(prefill) are compute-bound and keep the single dot; so do sharded products and other backends than the CPU.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-SPLIT_MAX_ROWS = 1  # batch-1 decode: 2-4 rows measured no faster split
-SPLIT_CHUNKS = 8  # 128-384 rows per block for Qwen3-0.6B's in-features; 4-16 measured within noise
+from spec.path_choice import PathChoice
+
+PATHS = PathChoice("jax_impl.linear", ("dot", "split"))  # the first is the plain path
+SPLIT_CHUNKS = 8  # row blocks of W in the split form
+CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight and has a choice; more keep the dot
+STREAM_BYTES = 256 << 20  # the weights one timing pass streams, more than a core's share of cache
+MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
+DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
-def splits_contraction(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding) -> bool:
-    """True when `dot_general` computes this product as SPLIT_CHUNKS partial products (see the docstring)."""
+def has_choice(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=None) -> bool:
+    """True when `dot_general` chooses between the single dot and the split contraction for this product:
+    nnx.Linear's x[..., in] @ W[in, out], float32 or bfloat16, few token rows, in-features that split into
+    SPLIT_CHUNKS equal blocks, unsharded, on the CPU."""
     linear_form = dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ()))  # nnx.Linear's: x[..., in] @ W[in, out]
     return (
         linear_form
         and rhs.ndim == 2
         and out_sharding is None
-        and lhs.dtype == rhs.dtype == jnp.float32
-        and math.prod(lhs.shape[:-1]) <= SPLIT_MAX_ROWS  # token rows
+        and lhs.dtype == rhs.dtype
+        and jnp.dtype(lhs.dtype) in DTYPES
+        and math.prod(lhs.shape[:-1]) <= CHOICE_MAX_ROWS  # token rows
         and rhs.shape[0] % SPLIT_CHUNKS == 0
         and jax.default_backend() == "cpu"
+        and jax.sharding.get_abstract_mesh().empty  # under a mesh the partitioner owns the product's layout
     )
+
+
+def _single(lhs: jax.Array, rhs: jax.Array, precision, preferred_element_type) -> jax.Array:
+    dims = (((lhs.ndim - 1,), (0,)), ((), ()))
+    return jax.lax.dot_general(lhs, rhs, dims, precision=precision, preferred_element_type=preferred_element_type)
+
+
+def _split(lhs: jax.Array, rhs: jax.Array, precision, preferred_element_type) -> jax.Array:
+    k, n, c = rhs.shape[0], rhs.shape[1], SPLIT_CHUNKS
+    x = lhs.reshape(-1, c, k // c)  # [m, c, in/c]
+    w = rhs.reshape(c, k // c, n)  # [c, in/c, out]: row blocks of W, no copy
+    partial = jnp.einsum("mck,ckn->cmn", x, w, precision=precision, preferred_element_type=jnp.float32)  # [c, m, out]
+    out = partial.sum(axis=0)  # [m, out], float32
+    return out.astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], n)  # [..., out]
+
+
+FORMS = {"dot": _single, "split": _split}
+
+
+@functools.cache
+def _programs(precision, preferred_element_type) -> dict[str, Callable]:
+    """Each form as its own jitted program (one compilation per shape), for timing outside the caller's trace."""
+    return {
+        name: jax.jit(functools.partial(form, precision=precision, preferred_element_type=preferred_element_type))
+        for name, form in FORMS.items()
+    }
+
+
+def _candidates(rows: int, k: int, n: int, dtype, precision, preferred_element_type) -> dict[str, Callable]:
+    """One timing pass per form: the product of `rows` rows over `copies` distinct [k, n] weights."""
+    dtype = jnp.dtype(dtype)
+    copies = min(MAX_COPIES, max(1, -(-STREAM_BYTES // (k * n * dtype.itemsize))))
+    with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
+        x = jnp.asarray(np.ones((rows, k), dtype))
+        weights = [jnp.asarray(np.full((k, n), 1 + i, dtype)) for i in range(copies)]  # distinct buffers
+
+    def run(program: Callable) -> None:
+        with jax.ensure_compile_time_eval():
+            jax.block_until_ready([program(x, w) for w in weights])
+
+    programs = _programs(precision, preferred_element_type)
+    return {name: functools.partial(run, program) for name, program in programs.items()}
+
+
+def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, preferred_element_type=None,
+            out_sharding=None) -> str:  # fmt: skip
+    """The form `dot_general` takes for these operands (abstract or concrete): forced, chosen before, or measured."""
+    if not has_choice(lhs, rhs, dimension_numbers, out_sharding):
+        return "dot"
+    rows, (k, n) = math.prod(lhs.shape[:-1]), rhs.shape
+    key = (rows, k, n, jnp.dtype(lhs.dtype).name)
+    return PATHS.choose(key, lambda: _candidates(rows, k, n, lhs.dtype, precision, preferred_element_type))
 
 
 def dot_general(
@@ -50,23 +118,25 @@ def dot_general(
     precision=None,
     preferred_element_type=None,
     out_sharding=None,
+    *,
+    path: str | None = None,
 ) -> jax.Array:
-    """jax.lax.dot_general, except x[..., in] @ W[in, out] with one row of x runs as a split contraction."""
-    if not splits_contraction(lhs, rhs, dimension_numbers, out_sharding):
-        return jax.lax.dot_general(
-            lhs,
-            rhs,
-            dimension_numbers,
-            precision=precision,
-            preferred_element_type=preferred_element_type,
-            out_sharding=out_sharding,
-        )
-    k, n, c = rhs.shape[0], rhs.shape[1], SPLIT_CHUNKS
-    x = lhs.reshape(-1, c, k // c)  # [m, c, in/c]
-    w = rhs.reshape(c, k // c, n)  # [c, in/c, out]: row blocks of W, no copy
-    partial = jnp.einsum("mck,ckn->cmn", x, w, precision=precision, preferred_element_type=jnp.float32)  # [c, m, out]
-    out = partial.sum(axis=0)  # [m, out]
-    return out.astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], n)  # [..., out]
+    """jax.lax.dot_general, except that x[..., in] @ W[in, out] with few rows takes the form chosen for its
+    shape (`path`: "dot" or "split" pins one where the choice applies; None takes the measured one)."""
+    if path is None:
+        path = path_of(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding)
+    elif PATHS.check(path) == "split" and not has_choice(lhs, rhs, dimension_numbers, out_sharding):
+        path = "dot"  # another form of product, or one that cannot split: only the single dot applies
+    if path == "split":
+        return _split(lhs, rhs, precision, preferred_element_type)
+    return jax.lax.dot_general(
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+        out_sharding=out_sharding,
+    )
 
 
 class Linear(nnx.Linear):

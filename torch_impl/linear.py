@@ -1,55 +1,66 @@
-"""`linear(x, weight, bias)` and the `Linear` module built on it: one 2-D product whatever x's leading dims.
+"""`linear(x, weight, bias)` and the `Linear` module built on it: one 2-D product whatever x's leading dims,
+through the library this machine runs fastest for that product.
 
-Mirrors jax_impl/linear.py, where XLA's dot needs neither choice below but the Flax [in, out] kernel needs
-its own. Two CPU choices, both measured on the 2-core AMD EPYC machine this project runs CI on (benchmarks/cpu_decode.py
-shows the effect end to end):
+Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choice of its own. Two CPU matters:
 
 - 2-D, always: F.linear on a 3-D [B, T, in] input goes through a batched-matmul path; for a decode step
-  (T = 1) the same product as a 2-D [tokens, in] GEMV streams the weight about 1.5x faster.
-- oneDNN for float32 inference: this torch build sends float32 F.linear to MKL, which on this AMD CPU
-  streams a decode-step weight at 13-14 GB/s; oneDNN's matmul (the op torch.compile's CPU backend emits,
-  `torch.ops.mkldnn._linear_pointwise`) streams 25-29 GB/s for the same products: 1.6-2.1x faster for a
-  decode step and 1.2-1.6x for a 128-token prefill, with float32 accumulation (max error vs a float64
-  product 3e-7..9e-7 relative, the same order as MKL's). bfloat16/float16 already go to oneDNN, so they,
-  autograd (the op has no backward) and non-CPU tensors keep F.linear.
+  (T = 1) the same product as a 2-D [tokens, in] GEMV streams the weight faster.
+- Which library, measured: a CPU inference product can run through F.linear (MKL's GEMM/GEMV in this torch
+  build for float32) or through oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the op
+  torch.compile's CPU backend emits). Both accumulate in float32 and compute x @ W^T + b up to summation
+  order; which streams a weight faster depends on the processor (MKL's GEMV is slow on some AMD processors
+  and the faster one on Intel: docs/benchmarks.md). So the first product of each (rows, in, out, dtype, bias)
+  times both paths (spec/path_choice.py) and the process keeps the faster. A decode-sized product (few rows)
+  is timed over enough distinct weights of its shape that they cannot all stay in cache, as a decode step
+  streams its weights; a prefill-sized one, which is compute-bound, on the weight it was called with.
+  `PATHS.forced("onednn")` or `linear(..., path=...)` pins a path (tests, comparisons).
 
-The parameters are nn.Linear's own (`weight` [out, in], `bias`), so checkpoints load unchanged.
+Autograd (the oneDNN op has no backward), non-CPU tensors, non-contiguous weights and dtypes other than float32
+and bfloat16 always take F.linear. The parameters are nn.Linear's own (`weight` [out, in], `bias`), so
+checkpoints load unchanged.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils import flop_counter
 
+from spec.path_choice import PathChoice
+
+PATHS = PathChoice("torch_impl.linear", ("f_linear", "onednn"))  # the first is the plain path
+STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
+STREAM_BYTES = 256 << 20  # the weights one such timing pass streams, more than a core's share of cache
+MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
+DTYPES = (torch.float32, torch.bfloat16)
+
 
 @functools.cache
-def _onednn_available() -> bool:
-    """Whether this torch build has oneDNN and the fused linear op, and the op computes x @ W^T + b
-    (probed once, on first use, on a small exact product: the op is private, so a torch release that
-    changed it makes linear() fall back to F.linear instead of failing).
+def _onednn_available(dtype: torch.dtype) -> bool:
+    """Whether this torch build has oneDNN and the fused linear op, and the op computes x @ W^T + b in `dtype`
+    (probed once per dtype on a small exact product: the op is private, so a torch release that changed it,
+    or a processor it does not support, makes linear() keep F.linear instead of failing).
 
     When it does, the op's FLOPs are registered with torch's FlopCounterMode, which knows aten.mm but not
-    this op: without it, a FLOP count of torch_impl's float32 inference would read 0.
+    this op: without it, a FLOP count of a product routed to oneDNN would read 0.
     """
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     op = torch.ops.mkldnn._linear_pointwise
-    x = torch.arange(6, dtype=torch.float32).view(2, 3)  # small integers: every path is exact
-    w, b = torch.arange(12, dtype=torch.float32).view(4, 3), torch.arange(4, dtype=torch.float32)
+    x = torch.arange(6, dtype=dtype).view(2, 3)  # small integers: every path is exact, bfloat16 included
+    w, b = torch.arange(12, dtype=dtype).view(4, 3), torch.arange(4, dtype=dtype)
     try:
         with torch.inference_mode():
             ok = torch.equal(op(x, w, b, "none", [], ""), F.linear(x, w, b))
     except RuntimeError:
         ok = False
-    if not ok:
-        return False
-    if op not in flop_counter.flop_registry:  # keyed by the overload packet
+    if ok and op not in flop_counter.flop_registry:  # keyed by the overload packet
         flop_counter.register_flop_formula(op)(_linear_flops)
-    return True
+    return ok
 
 
 def _linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
@@ -57,25 +68,64 @@ def _linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * x_shape[0] * w_shape[0] * x_shape[1]
 
 
-def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when `linear(x, weight)` takes the oneDNN path: float32 CPU tensors, no gradient to record."""
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+def _onednn(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x2.contiguous(), weight, bias, "none", [], "")
+
+
+def has_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """True when both paths can compute `linear(x, weight, bias)`: CPU tensors of one dtype (float32 or
+    bfloat16) with oneDNN available for it, a contiguous weight, and no gradient to record."""
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     return (
-        x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
+        all(t.device.type == "cpu" and t.dtype == x.dtype for t in tensors)
+        and x.dtype in DTYPES
         and not needs_grad
         and weight.is_contiguous()
-        and _onednn_available()
+        and _onednn_available(x.dtype)
     )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] @ weight[out, in]^T (+ bias) -> [..., out], computed as one [tokens, in] product."""
+def _candidates(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, Callable[[], object]]:
+    """One timing pass per path: the product over `copies` distinct weights of this shape (see the docstring)."""
+    nbytes = weight.numel() * weight.element_size()
+    copies = 1 if x2.shape[0] > STREAM_ROWS else min(MAX_COPIES, max(1, -(-STREAM_BYTES // nbytes)))
+    weights = [weight] if copies == 1 else torch.ones(copies, *weight.shape, dtype=weight.dtype).unbind(0)
+    x2 = x2.contiguous()
+
+    def f_linear() -> None:
+        for w in weights:
+            F.linear(x2, w, bias)
+
+    def onednn() -> None:
+        for w in weights:
+            _onednn(x2, w, bias)
+
+    return {"f_linear": f_linear, "onednn": onednn}
+
+
+def path_of(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> str:
+    """The path `linear(x, weight, bias)` takes: forced, chosen before for its key, or measured now."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if not has_choice(x2, weight, bias):
+        return "f_linear"
+    key = (x2.shape[0], weight.shape[1], weight.shape[0], str(x.dtype).removeprefix("torch."), bias is not None)
+    return PATHS.choose(key, lambda: _candidates(x2, weight, bias))
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, path: str | None = None
+) -> torch.Tensor:
+    """x [..., in] @ weight[out, in]^T (+ bias) -> [..., out], computed as one [tokens, in] product.
+
+    `path` ("f_linear" or "onednn") pins the library where both apply; None takes the measured choice.
+    """
     x2 = x.reshape(-1, x.shape[-1])  # [tokens, in]
-    if uses_onednn(x2, weight):
-        out = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), weight, bias, "none", [], "")  # [tokens, out]
-    else:
-        out = F.linear(x2, weight, bias)  # [tokens, out]
+    if path is None:
+        path = path_of(x2, weight, bias)
+    elif PATHS.check(path) == "onednn" and not has_choice(x2, weight, bias):
+        path = "f_linear"  # autograd, another device or dtype: only F.linear applies
+    out = _onednn(x2, weight, bias) if path == "onednn" else F.linear(x2, weight, bias)  # [tokens, out]
     return out.view(*x.shape[:-1], out.shape[-1])  # [..., out]
 
 

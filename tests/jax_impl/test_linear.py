@@ -1,4 +1,6 @@
-"""jax_impl/linear.py: which products split their contraction, and that both paths compute x @ W + b."""
+"""jax_impl/linear.py: which products choose between the single dot and the split contraction, that both forms
+compute x @ W + b, and that the choice is measured once per shape, outside the trace, and can be pinned.
+Nothing here depends on which form is the faster on this machine: each test holds whichever is chosen."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_impl.linear import SPLIT_CHUNKS, SPLIT_MAX_ROWS, Linear, dot_general, splits_contraction
+from jax_impl.linear import CHOICE_MAX_ROWS, PATHS, SPLIT_CHUNKS, Linear, dot_general, has_choice, path_of
 from parity.tolerances import TOLERANCES
 
 MAX_REL = TOLERANCES["float32"].max_rel  # reordered float32 sums, the table's reviewed bound
+BF16_REL = 2.0**-7  # a bfloat16 result rounds to 8 significant bits; the products accumulate in float32
 LINEAR_DIMS = (((1,), (0,)), ((), ()))  # nnx.Linear's dimension numbers for a 2-D input
+ON_CPU = jax.default_backend() == "cpu"
 
 
 def max_rel(got: jax.Array, want: np.ndarray) -> float:
@@ -27,60 +31,108 @@ def make_linear(in_features: int, out_features: int, bias: bool, seed: int = 0) 
     return layer
 
 
-@pytest.mark.parametrize("lead", [(1,), (1, 1, 1), (3,), (2, 5)])  # one row splits; 3 and 10 do not
+@pytest.fixture
+def fresh_choices():
+    """An empty record of choices for the test, the process's own restored afterwards."""
+    saved = PATHS.chosen()
+    PATHS.clear()
+    yield PATHS
+    PATHS.clear()
+    PATHS._chosen.update(saved)
+
+
+@pytest.mark.parametrize("path", [None, "dot", "split"])  # None: the measured choice
+@pytest.mark.parametrize("lead", [(1,), (1, 1, 1), (3,), (2, 5)])  # 10 rows: more than CHOICE_MAX_ROWS
 @pytest.mark.parametrize("in_features", [40, 37])  # 40 = 8 blocks of 5 rows; 37 cannot be split
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_float64_product(lead, in_features, bias):
+def test_linear_matches_float64_product(path, lead, in_features, bias):
     layer = make_linear(in_features, 53, bias)
     x = jax.random.normal(jax.random.key(2), (*lead, in_features))
     w = np.asarray(layer.kernel[...], np.float64)  # [in, out]
     want = np.asarray(x, np.float64) @ w + (np.asarray(layer.bias[...], np.float64) if bias else 0)
-    got = jax.jit(lambda x: layer(x))(x)
+    if path is None:
+        got = jax.jit(lambda x: layer(x))(x)
+    else:
+        with PATHS.forced(path):  # the pin applies while the product is traced
+            got = jax.jit(lambda x: layer(x))(x)
     assert got.shape == (*lead, 53) and got.dtype == jnp.float32
     assert max_rel(got, want) <= MAX_REL
 
 
-def test_which_products_split():
-    x, w = jnp.ones((SPLIT_MAX_ROWS, 64)), jnp.ones((64, 24))
-    assert splits_contraction(x, w, LINEAR_DIMS, None) is (jax.default_backend() == "cpu")
-    assert not splits_contraction(jnp.ones((SPLIT_MAX_ROWS + 1, 64)), w, LINEAR_DIMS, None)  # prefill-sized
-    assert not splits_contraction(x[:, :60], w[:60], LINEAR_DIMS, None)  # 60 rows of W: no 8 equal blocks
-    assert not splits_contraction(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), LINEAR_DIMS, None)
-    assert not splits_contraction(x, w.T, (((1,), (1,)), ((), ())), None)  # not nnx.Linear's form
+@pytest.mark.parametrize("path", ["dot", "split"])
+def test_bfloat16_forms_match_float64_product(path):
+    gen = np.random.default_rng(6)
+    x = jnp.asarray(gen.standard_normal((1, 96)), jnp.bfloat16)
+    w = jnp.asarray(gen.standard_normal((96, 40)), jnp.bfloat16)
+    got = jax.jit(lambda x, w: dot_general(x, w, LINEAR_DIMS, path=path))(x, w)
+    assert got.dtype == jnp.bfloat16
+    assert max_rel(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64)) <= BF16_REL
 
 
-def test_split_path_is_what_runs():
-    """The split path's partial sums appear in the program, and only for decode-sized inputs."""
+def test_which_products_have_a_choice():
+    x, w = jnp.ones((CHOICE_MAX_ROWS, 64)), jnp.ones((64, 24))
+    assert has_choice(x, w, LINEAR_DIMS) is ON_CPU
+    assert has_choice(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), LINEAR_DIMS) is ON_CPU
+    assert not has_choice(jnp.ones((CHOICE_MAX_ROWS + 1, 64)), w, LINEAR_DIMS)  # prefill-sized: the single dot
+    assert not has_choice(x[:, :60], w[:60], LINEAR_DIMS)  # 60 rows of W: no 8 equal blocks
+    assert not has_choice(x.astype(jnp.float16), w.astype(jnp.float16), LINEAR_DIMS)
+    assert not has_choice(x, w.T, (((1,), (1,)), ((), ())))  # not nnx.Linear's form
+
+
+def test_forced_forms_are_what_runs(fresh_choices):
+    """The split form's partial sums appear in the program when pinned, and only where the choice applies."""
     w = jnp.ones((64, 24))
 
-    def program(rows: int) -> str:
-        return str(jax.make_jaxpr(lambda x: dot_general(x, w, LINEAR_DIMS))(jnp.ones((rows, 64))))
+    def program(rows: int, path: str) -> str:
+        return str(jax.make_jaxpr(lambda x: dot_general(x, w, LINEAR_DIMS, path=path))(jnp.ones((rows, 64))))
 
-    if jax.default_backend() == "cpu":
-        assert "reduce_sum" in program(1) and f"{SPLIT_CHUNKS},8,24" in program(1).replace(" ", "")
-    assert "reduce_sum" not in program(SPLIT_MAX_ROWS + 1)
+    if ON_CPU:
+        assert "reduce_sum" in program(1, "split") and f"{SPLIT_CHUNKS},8,24" in program(1, "split").replace(" ", "")
+    assert "reduce_sum" not in program(1, "dot")
+    assert "reduce_sum" not in program(CHOICE_MAX_ROWS + 1, "split")  # no choice there: the single dot
+    assert fresh_choices.chosen() == {}  # pinned: nothing measured
+    with pytest.raises(ValueError, match="unknown path"):
+        program(1, "fast")
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the choice is made on the CPU only")
+def test_choice_is_measured_once_per_shape_outside_the_trace(fresh_choices):
+    gen = np.random.default_rng(3)
+    x = jnp.asarray(gen.standard_normal((1, 1, 128)), jnp.float32)
+    w = jnp.asarray(gen.standard_normal((128, 101)) / 128**0.5, jnp.float32)
+    dims = (((2,), (0,)), ((), ()))
+    got = jax.jit(lambda x, w: dot_general(x, w, dims, precision=jax.lax.Precision.HIGHEST))(x, w)
+    assert max_rel(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64)) <= MAX_REL
+    (key,) = fresh_choices.chosen()
+    assert key == (1, 128, 101, "float32")
+    choice = fresh_choices.chosen()[key]
+    assert choice.path in PATHS.paths and set(choice.seconds) == set(PATHS.paths) and choice.cost > 0
+    assert path_of(x, w, dims) == choice.path  # eager, or traced again: the same form, not measured again
+    jax.jit(lambda x, w: dot_general(x, w, dims) * 2)(x, w)
+    assert fresh_choices.chosen() == {key: choice}
 
 
 def test_split_and_single_dot_agree():
     gen = np.random.default_rng(3)
     x = jnp.asarray(gen.standard_normal((1, 1, 3072)), jnp.float32)  # down_proj's width, a decode step
     w = jnp.asarray(gen.standard_normal((3072, 101)) / 3072**0.5, jnp.float32)
-    hi = jax.lax.Precision.HIGHEST
-    split = dot_general(x, w, (((2,), (0,)), ((), ())), precision=hi)
-    single = jax.lax.dot_general(x, w, (((2,), (0,)), ((), ())), precision=hi)
+    hi, dims = jax.lax.Precision.HIGHEST, (((2,), (0,)), ((), ()))
     want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
-    assert max_rel(split, want) <= MAX_REL and max_rel(single, want) <= MAX_REL
+    for path in PATHS.paths:
+        assert max_rel(dot_general(x, w, dims, precision=hi, path=path), want) <= MAX_REL
 
 
-def test_gradients_match_the_single_dot():
+@pytest.mark.parametrize("path", ["dot", "split"])
+def test_gradients_match_the_single_dot(path):
     layer = make_linear(48, 29, bias=True)
     x = jax.random.normal(jax.random.key(4), (1, 1, 48))
     w, b = layer.kernel[...], layer.bias[...]
+    dims, hi = (((2,), (0,)), ((), ())), jax.lax.Precision.HIGHEST
 
     def loss(x, w, dot):
-        return jnp.sum(jnp.square(dot(x, w, (((2,), (0,)), ((), ())), precision=jax.lax.Precision.HIGHEST) + b))
+        return jnp.sum(jnp.square(dot(x, w, dims, precision=hi) + b))
 
-    got = jax.grad(loss, argnums=(0, 1))(x, w, dot_general)
+    got = jax.grad(loss, argnums=(0, 1))(x, w, lambda *a, **k: dot_general(*a, **k, path=path))
     want = jax.grad(loss, argnums=(0, 1))(x, w, jax.lax.dot_general)
     for g, r in zip(got, want, strict=True):
         np.testing.assert_allclose(g, r, rtol=MAX_REL, atol=MAX_REL * float(jnp.abs(r).max()))

@@ -1,4 +1,6 @@
-"""torch_impl/linear.py: which path a product takes, and that every path computes x @ W^T + b."""
+"""torch_impl/linear.py: which products have a choice of library, that every path computes x @ W^T + b, and
+that the measured choice is made once per shape and can be pinned. Nothing here depends on which path is the
+faster on this machine: each test holds whichever the measurement picks."""
 
 from __future__ import annotations
 
@@ -7,47 +9,103 @@ import torch
 import torch.nn.functional as F
 
 from parity.tolerances import TOLERANCES
-from torch_impl.linear import Linear, linear, uses_onednn
+from torch_impl.linear import PATHS, Linear, _onednn_available, has_choice, linear, path_of
 
 MAX_REL = TOLERANCES["float32"].max_rel  # reordered float32 sums, the table's reviewed bound
+BF16_REL = 2.0**-7  # a bfloat16 result rounds to 8 significant bits; the products accumulate in float32
 
 
 def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b).abs().max() / b.abs().max()).item()
 
 
+@pytest.fixture
+def fresh_choices():
+    """An empty record of choices for the test, the process's own restored afterwards."""
+    saved = PATHS.chosen()
+    PATHS.clear()
+    yield PATHS
+    PATHS.clear()
+    PATHS._chosen.update(saved)
+
+
+@pytest.mark.parametrize("path", [None, "f_linear", "onednn"])  # None: the measured choice
 @pytest.mark.parametrize("lead", [(1,), (3,), (2, 5), (1, 1, 7)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_float64_product(lead, bias):
+def test_linear_matches_float64_product(path, lead, bias):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(*lead, 37, generator=gen)
     w = torch.randn(53, 37, generator=gen)  # [out, in], widths that are not powers of two
     b = torch.randn(53, generator=gen) if bias else None
     want = x.double() @ w.double().T + (b.double() if bias else 0)
     with torch.inference_mode():
-        got = linear(x, w, b)
+        got = linear(x, w, b, path=path)
     assert got.shape == (*lead, 53) and got.dtype == torch.float32
     assert max_rel(got, want) <= MAX_REL
 
 
-def test_path_choice():
-    x, w = torch.randn(2, 8), torch.randn(4, 8)
-    onednn = torch.backends.mkldnn.is_available()
+@pytest.mark.parametrize("path", ["f_linear", "onednn"])
+def test_bfloat16_paths_match_float64_product(path):
+    gen = torch.Generator().manual_seed(5)
+    x, w = torch.randn(1, 96, generator=gen).bfloat16(), torch.randn(40, 96, generator=gen).bfloat16()
     with torch.inference_mode():
-        assert uses_onednn(x, w) is onednn
-        assert not uses_onednn(x.bfloat16(), w.bfloat16())  # low precision already goes to oneDNN via F.linear
-        assert not uses_onednn(x, w.T)  # a transposed view: F.linear handles the strides
+        got = linear(x, w, path=path)
+    assert got.dtype == torch.bfloat16
+    assert max_rel(got, x.double() @ w.double().T) <= BF16_REL
+
+
+def test_which_products_have_a_choice():
+    x, w = torch.randn(2, 8), torch.randn(4, 8)
+    onednn = _onednn_available(torch.float32)
+    with torch.inference_mode():
+        assert has_choice(x, w) is onednn
+        assert has_choice(x.bfloat16(), w.bfloat16()) is _onednn_available(torch.bfloat16)
+        assert not has_choice(x.half(), w.half())  # F.linear only
+        assert not has_choice(x, w.T.contiguous().T)  # a transposed view: F.linear handles the strides
+        assert not has_choice(x, w.double())  # mixed dtypes: F.linear decides what that means
     wp = torch.nn.Parameter(w)
-    assert not uses_onednn(x, wp)  # autograd is recording: the oneDNN op has no backward
+    assert not has_choice(x, wp)  # autograd is recording: the oneDNN op has no backward
     with torch.no_grad():
-        assert uses_onednn(x, wp) is onednn
+        assert has_choice(x, wp) is onednn
+
+
+def test_choice_is_measured_once_per_shape(fresh_choices):
+    x, w, b = torch.randn(1, 64), torch.randn(24, 64), torch.randn(24)
+    if not has_choice(x, w):
+        pytest.skip("this torch build has no usable oneDNN linear: F.linear is the only path")
+    with torch.inference_mode():
+        first = path_of(x, w, b)
+        assert first in PATHS.paths
+        (key,) = fresh_choices.chosen()
+        assert key == (1, 64, 24, "float32", True)
+        choice = fresh_choices.chosen()[key]
+        assert set(choice.seconds) == set(PATHS.paths) and choice.cost > 0
+        assert [path_of(x.view(1, 1, 64), w, b) for _ in range(3)] == [first] * 3  # leading dims: the same key
+        assert fresh_choices.chosen() == {key: choice}  # not measured again
+        path_of(torch.randn(2, 64), w, b)  # another row count: its own measurement
+        assert len(fresh_choices.chosen()) == 2
+
+
+@pytest.mark.parametrize("path", ["f_linear", "onednn"])
+def test_forced_path_applies_without_measuring(fresh_choices, path):
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    with torch.inference_mode(), PATHS.forced(path):
+        want = path if has_choice(x, w) else "f_linear"
+        assert path_of(x, w) == want
+        layer = Linear(16, 8, bias=True)  # the module's products follow the pin too
+        want_out = x.double() @ layer.weight.double().T + layer.bias.double()
+        assert max_rel(layer(x), want_out) <= MAX_REL
+    assert fresh_choices.chosen() == {}
+    with pytest.raises(ValueError, match="unknown path"):
+        linear(x, w, path="mkl")
 
 
 def test_gradients_flow_through_the_autograd_path():
     gen = torch.Generator().manual_seed(1)
     layer = Linear(19, 11, bias=True)
     x = torch.randn(2, 3, 19, generator=gen, requires_grad=True)
-    layer(x).square().sum().backward()
+    with PATHS.forced("onednn"):  # pinned or not, a product that records gradients takes F.linear
+        layer(x).square().sum().backward()
     x_ref = x.detach().clone().requires_grad_(True)
     w_ref = layer.weight.detach().clone().requires_grad_(True)
     F.linear(x_ref, w_ref, layer.bias.detach()).square().sum().backward()
@@ -55,33 +113,34 @@ def test_gradients_flow_through_the_autograd_path():
     torch.testing.assert_close(layer.weight.grad, w_ref.grad)
 
 
-def test_non_contiguous_input():
+@pytest.mark.parametrize("path", [None, "f_linear", "onednn"])
+def test_non_contiguous_input(path):
     x = torch.randn(37, 6).T  # [6, 37], a transposed view
     w = torch.randn(5, 37)
     with torch.inference_mode():
-        assert max_rel(linear(x, w), x.double() @ w.double().T) <= MAX_REL
+        assert max_rel(linear(x, w, path=path), x.double() @ w.double().T) <= MAX_REL
 
 
-def test_flop_counter_sees_every_path():
+@pytest.mark.parametrize("path", ["f_linear", "onednn"])
+def test_flop_counter_sees_every_path(path):
     """FlopCounterMode counts 2 * tokens * out * in whichever library runs the product."""
     from torch.utils.flop_counter import FlopCounterMode
 
     x, w = torch.randn(3, 37), torch.randn(53, 37)
     for grad in (False, True):
         with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
-            linear(x, w.requires_grad_(grad))
+            linear(x, w.requires_grad_(grad), path=path)
         assert counter.get_total_flops() == 2 * 3 * 53 * 37
 
 
-def test_without_onednn_falls_back_to_f_linear(monkeypatch):
-    from torch_impl import linear as linear_module
-
-    linear_module._onednn_available.cache_clear()
+def test_without_onednn_falls_back_to_f_linear(monkeypatch, fresh_choices):
+    _onednn_available.cache_clear()
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     try:
         x, w = torch.randn(4, 37), torch.randn(53, 37)
         with torch.inference_mode():
-            assert not uses_onednn(x, w)
-            assert max_rel(linear(x, w), x.double() @ w.double().T) <= MAX_REL
+            assert not has_choice(x, w) and path_of(x, w) == "f_linear"
+            assert max_rel(linear(x, w, path="onednn"), x.double() @ w.double().T) <= MAX_REL
+        assert fresh_choices.chosen() == {}  # nothing to choose between: nothing measured
     finally:
-        linear_module._onednn_available.cache_clear()  # the next caller probes the real build again
+        _onednn_available.cache_clear()  # the next caller probes the real build again

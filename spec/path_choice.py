@@ -1,0 +1,119 @@
+"""Which of several equivalent compute paths a product takes, chosen by timing them on the machine that runs them.
+
+A CPU product can run through more than one library or formulation: torch through MKL (behind F.linear) or
+oneDNN's matmul, XLA through its single dot or the contraction split into row blocks. Each computes the same
+product up to the order of a float32 sum, and which is faster depends on the processor and its libraries
+(docs/benchmarks.md records an AMD EPYC and an Intel Xeon ranking them in opposite orders). So no backend fixes
+a preference: at the first product of a given key (shape and dtype) it asks its `PathChoice`, which times the
+candidates on operands of that shape, taken in turn so that a drift in the machine's speed hits every candidate
+alike, keeps the fastest for the rest of the process and records what measuring cost. A candidate must beat
+the first one (the plain path) by `margin` to replace it, so noise alone never moves a product off the plain
+path, and the choice of a process does not change once made.
+
+Correctness never depends on the choice: every candidate computes the same product (the backends' tests check
+each path against a float64 product), and `forced(path)` pins one for the calling thread, for tests and for
+side-by-side comparisons. Framework-neutral: the backends supply the timed callables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The path taken for one key, each candidate's best pass in seconds, and the measurement's wall time."""
+
+    path: str
+    seconds: Mapping[str, float]
+    cost: float
+
+
+class PathChoice:
+    """The measured choice among `paths` (the first is the plain path) of one backend's products, per key."""
+
+    def __init__(
+        self,
+        name: str,
+        paths: tuple[str, ...],
+        *,
+        repeats: int = 3,
+        margin: float = 0.03,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        """`repeats` timed passes per candidate after a warm-up; `clock` is the timer (tests pass a fake one)."""
+        self.name, self.paths, self.repeats, self.margin, self.clock = name, paths, repeats, margin, clock
+        self._chosen: dict[Hashable, Choice] = {}
+        self._forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"{name}.forced", default=None)
+        self._lock = threading.RLock()
+
+    def check(self, path: str) -> str:
+        if path not in self.paths:
+            raise ValueError(f"{self.name}: unknown path {path!r} (paths: {', '.join(self.paths)})")
+        return path
+
+    @contextlib.contextmanager
+    def forced(self, path: str) -> Iterator[None]:
+        """Within the block, every product that has a choice takes `path`, measured or not (this thread)."""
+        token = self._forced.set(self.check(path))
+        try:
+            yield
+        finally:
+            self._forced.reset(token)
+
+    def forced_path(self) -> str | None:
+        return self._forced.get()
+
+    def choose(self, key: Hashable, candidates: Callable[[], Mapping[str, Callable[[], object]]]) -> str:
+        """The path for `key`: the forced one, the one chosen before, or the fastest of `candidates()` now.
+
+        `candidates()` builds, only when a measurement is due, one zero-argument callable per path that runs
+        a pass of the product (and waits for its result); a path it leaves out is unavailable here.
+        """
+        forced = self._forced.get()
+        if forced is not None:
+            return forced
+        choice = self._chosen.get(key)
+        if choice is None:
+            with self._lock:
+                choice = self._chosen.get(key)
+                if choice is None:
+                    choice = self._chosen[key] = self._measure(candidates)
+        return choice.path
+
+    def _measure(self, candidates: Callable[[], Mapping[str, Callable[[], object]]]) -> Choice:
+        start = self.clock()
+        runs = dict(candidates())
+        unknown = set(runs) - set(self.paths)
+        if unknown or not runs:
+            raise ValueError(f"{self.name}: candidates {sorted(runs)} are not among {self.paths}")
+        for run in runs.values():
+            run()  # warm-up: library set-up, compilation, first touch of the operands
+        best = {name: float("inf") for name in runs}
+        for _ in range(self.repeats):
+            for name, run in runs.items():  # in turn: a slow spell hits every candidate alike
+                t0 = self.clock()
+                run()
+                best[name] = min(best[name], self.clock() - t0)
+        plain = next((p for p in self.paths if p in runs), None)
+        fastest = min(best, key=best.__getitem__)
+        path = fastest if best[fastest] < (1 - self.margin) * best[plain] else plain
+        return Choice(path, best, self.clock() - start)
+
+    def chosen(self) -> dict[Hashable, Choice]:
+        """Every key measured so far in this process, and its choice."""
+        return dict(self._chosen)
+
+    def cost(self) -> float:
+        """Seconds this process spent measuring."""
+        return sum(choice.cost for choice in self._chosen.values())
+
+    def clear(self) -> None:
+        """Forget every choice: the next product of each key measures again."""
+        with self._lock:
+            self._chosen.clear()

@@ -1,0 +1,98 @@
+"""spec/path_choice.py: the measured choice among equivalent paths, on a fake clock (no timing is asserted:
+each candidate advances the clock by a set amount, so every decision here is exact)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from spec.path_choice import PathChoice
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def candidate(self, seconds: float, calls: list[str], name: str):
+        def run() -> None:
+            calls.append(name)
+            self.now += seconds
+
+        return run
+
+
+def make(clock: FakeClock, **kwargs) -> PathChoice:
+    return PathChoice("test", ("plain", "other"), clock=clock, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("plain_s", "other_s", "want"),
+    [(1.0, 0.5, "other"), (0.5, 1.0, "plain"), (1.0, 0.99, "plain"), (1.0, 0.96, "other")],
+)  # a 1% gain is within the 3% margin: the plain path stays
+def test_fastest_beyond_the_margin(plain_s, other_s, want):
+    clock, calls = FakeClock(), []
+    choice = make(clock, repeats=2)
+    runs = {"plain": clock.candidate(plain_s, calls, "plain"), "other": clock.candidate(other_s, calls, "other")}
+    assert choice.choose("k", lambda: runs) == want
+    assert calls == ["plain", "other"] * 3  # a warm-up and two passes each, taken in turn
+    (measured,) = choice.chosen().values()
+    assert measured.seconds == pytest.approx({"plain": plain_s, "other": other_s})
+    assert measured.cost == pytest.approx(3 * (plain_s + other_s))
+    assert choice.cost() == pytest.approx(measured.cost)
+
+
+def test_measured_once_per_key():
+    clock, calls = FakeClock(), []
+    choice = make(clock, repeats=1)
+    built = []
+
+    def candidates():
+        built.append(1)
+        return {"plain": clock.candidate(1.0, calls, "plain"), "other": clock.candidate(2.0, calls, "other")}
+
+    assert [choice.choose("a", candidates) for _ in range(3)] == ["plain"] * 3
+    assert len(built) == 1 and len(calls) == 4
+    choice.choose("b", candidates)
+    assert len(built) == 2 and set(choice.chosen()) == {"a", "b"}
+    choice.clear()
+    assert choice.chosen() == {} and choice.cost() == 0
+
+
+def test_a_single_candidate_is_taken():
+    clock = FakeClock()
+    choice = make(clock)
+    assert choice.choose("k", lambda: {"other": clock.candidate(1.0, [], "other")}) == "other"
+
+
+def test_forced_pins_without_measuring_and_only_in_its_block():
+    clock = FakeClock()
+    choice = make(clock)
+
+    def never():
+        raise AssertionError("measured while forced")
+
+    with choice.forced("other"):
+        assert choice.forced_path() == "other"
+        assert choice.choose("k", never) == "other"
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(choice.forced_path()))
+        thread.start()
+        thread.join()
+        assert seen == [None]  # another thread is not forced
+    assert choice.forced_path() is None and choice.chosen() == {}
+
+
+def test_unknown_paths_are_refused():
+    clock = FakeClock()
+    choice = make(clock)
+    with pytest.raises(ValueError, match="unknown path 'fast'"):
+        with choice.forced("fast"):
+            pass
+    with pytest.raises(ValueError, match="not among"):
+        choice.choose("k", lambda: {"fast": clock.candidate(1.0, [], "fast")})
+    with pytest.raises(ValueError, match="not among"):
+        choice.choose("k", lambda: {})

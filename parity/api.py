@@ -29,6 +29,7 @@ from parity.tolerances import tolerance_for
 from parity.trace import Capture
 from spec import CheckpointError, InputError, ModelSpec
 from spec.parallel import check_tp_degree
+from spec.training import AdamW
 
 REFERENCES = ("hf",)
 _KEEP_IDS = 4096  # ids are stored in the report (and its JSON) up to this many, so a run can be replayed
@@ -75,6 +76,9 @@ def check(
     progress: bool = False,
     log: Callable[[str], None] | None = None,
     tp: int = 1,
+    grad: bool = False,
+    steps: int = 0,
+    optimizer: AdamW | None = None,
 ) -> Report:
     """Run torch and jax on the same weights and ids and compare them component by component.
 
@@ -84,13 +88,25 @@ def check(
     seeded random ids [1, 16]). baseline: also run each backend at float32 to measure the dtype's own drift
     (default: whenever dtype is not float32). progress: loading progress on stderr; log: a callable that
     receives one line per stage. tp > 1: also run both backends tensor-parallel on tp devices and compare
-    their logits with the unsharded runs and with each other. Raises spec.DecoderParityError for bad input.
+    their logits with the unsharded runs and with each other. grad: compare the loss and every parameter
+    gradient instead of the forward components (parity/gradients.py); steps > 0: also run that many AdamW
+    steps (settings: `optimizer`, default spec.training.AdamW()) and compare the parameters. Raises
+    spec.DecoderParityError for bad input.
     """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise InputError(f"steps must be a non-negative integer, got {steps!r}")
+    if (grad or steps) and tp > 1:
+        raise InputError("--grad / --steps with --tp is not supported: the vocabulary-parallel loss is not built yet")
     request = validate_request(
         checkpoint, dtype, kernels, reference, ids, prompt, seq_len, batch, seed, baseline, tp
     )  # fmt: skip
     prepare_environment(request.kernels, request.tp)  # before triton is imported or JAX starts
-    return _Run(request, progress, log or (lambda _line: None)).report()
+    say = log or (lambda _line: None)
+    if grad or steps:
+        from parity.gradients import grad_report
+
+        return grad_report(request, steps, optimizer, say)
+    return _Run(request, progress, say).report()
 
 
 def validate_request(

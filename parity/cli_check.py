@@ -65,6 +65,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="skip the float32 runs that measure a bf16/fp16 run's own drift (faster)",
     )
     p.add_argument("--tp", type=_positive_int, default=1, help="also run both backends tensor-parallel on N devices")
+    p.add_argument(
+        "--grad",
+        action="store_true",
+        help="compare the loss and every parameter gradient (backward order) instead of the forward components",
+    )
+    p.add_argument(
+        "--steps",
+        type=int_option(0, 10_000),
+        default=0,
+        metavar="N",
+        help="with --grad: also run N AdamW steps in each framework and compare the parameters (implies --grad)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.add_argument("--plot", metavar="PATH", help="plot the residual stream's error per layer (png/svg/pdf)")
     p.add_argument("--tolerances", action="store_true", help="print the tolerance table with its reasons and exit")
@@ -111,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             log=log,
             tp=args.tp,
+            grad=args.grad or args.steps > 0,
+            steps=args.steps,
         )
     print(report.format())
     if args.json:

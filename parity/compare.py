@@ -88,9 +88,12 @@ def judge(
     tolerance: Tolerance,
     test_label: str = "test",
     ref_label: str = "ref",
+    depth: int | None = None,
 ) -> ComponentResult:
-    """Compare one component and decide; the reason names the criterion that failed, with both numbers."""
-    depth = layers_before(name, num_layers)
+    """Compare one component and decide; the reason names the criterion that failed, with both numbers.
+
+    `depth` (the g of the tolerance table) defaults to the layers before a forward component."""
+    depth = layers_before(name, num_layers) if depth is None else depth
     bound = tolerance.bound(depth)
 
     def fail(reason: str, metrics: Metrics | None = None, kl_bound: float | None = None) -> ComponentResult:
@@ -127,8 +130,11 @@ def compare_traces(
     tolerance: Tolerance,
     test_label: str = "test",
     ref_label: str = "ref",
+    depth: int | None = None,
 ) -> Comparison:
-    """Compare `test` against `ref` on `names` (forward order); every component is judged, not only the first."""
+    """Compare `test` against `ref` on `names` (in their order); every component is judged, not only the first.
+
+    `depth`: one depth for every name (gradients: the whole model); default, each forward component's own."""
     comparison = Comparison(test_label, ref_label, tolerance.dtype)
     for name in names:
         comparison.results.append(
@@ -140,6 +146,7 @@ def compare_traces(
                 tolerance=tolerance,
                 test_label=test_label,
                 ref_label=ref_label,
+                depth=depth,
             )
         )
     return comparison

@@ -42,8 +42,8 @@ def _quiet_transformers(progress: bool):
             hf_logging.enable_progress_bar()
 
 
-def capture_hf(checkpoint: str | Path, ids: np.ndarray, *, dtype: str, progress: bool = False) -> Capture:
-    """Run transformers' model for `checkpoint` at `dtype` and return the components it exposes."""
+def load_hf(checkpoint: str | Path, dtype: str, *, progress: bool = False):
+    """transformers' model for `checkpoint` at `dtype`, eager attention, in eval mode (no dropout)."""
     if not hf_available():
         raise InputError(
             "--reference hf needs Hugging Face transformers, which is not installed (pip install 'decoder-parity[hf]')"
@@ -52,14 +52,21 @@ def capture_hf(checkpoint: str | Path, ids: np.ndarray, *, dtype: str, progress:
     from transformers import AutoModelForCausalLM
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    start = time.perf_counter()
     with _quiet_transformers(progress):
         try:
             model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch_dtype, attn_implementation="eager")
         except (OSError, ValueError, KeyError) as err:
             raise InputError(f"transformers cannot load {checkpoint}: {err}") from err
-    model.eval()
+    return model.eval()
+
+
+def capture_hf(checkpoint: str | Path, ids: np.ndarray, *, dtype: str, progress: bool = False) -> Capture:
+    """Run transformers' model for `checkpoint` at `dtype` and return the components it exposes."""
+    start = time.perf_counter()
+    model = load_hf(checkpoint, dtype, progress=progress)  # refuses first when transformers is missing
     loaded = time.perf_counter()
+    import torch
+
     with torch.inference_mode():
         out = model(torch.as_tensor(ids, dtype=torch.long), output_hidden_states=True)
     run = time.perf_counter() - loaded

@@ -1,4 +1,5 @@
-"""`--plot`: the per-layer error of the residual stream (x1 and x2 of every layer, then the logits).
+"""`--plot`: the per-layer error of the residual stream (x1 and x2 of every layer, then the logits), or with
+`--grad` each parameter gradient's error in backward order (the report says what to draw: Report.plot_names).
 
 For bf16/fp16 it draws each backend's error against its own float32 run (what the dtype costs) next to
 the torch-vs-jax discrepancy at that dtype and the tolerance; for float32 there is no float32 baseline
@@ -11,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.compare import Comparison
-from parity.components import layers_before, residual_stream
 from parity.report import Report
 from spec import InputError
 
@@ -38,7 +38,7 @@ def plot_report(report: Report, path: str | Path) -> Path:
         raise InputError(
             "--plot needs matplotlib, which is not installed (pip install 'decoder-parity[plot]')"
         ) from err
-    names = residual_stream(report.num_layers)
+    names = report.plot_names()
     xs = list(range(len(names)))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.22 * len(names) + 3), 4.5))
     styles = {
@@ -51,7 +51,7 @@ def plot_report(report: Report, path: str | Path) -> Path:
         present = [n for n in names if any(r.name == n for r in comparison.results)]
         xs_c = [xs[names.index(n)] for n in present]
         ax.plot(xs_c, _series(comparison, present), label=f"{comparison.label} ({report.dtype})", **styles["cross"])
-    tol = [report.tolerance.bound(layers_before(n, report.num_layers)).max_rel for n in names]
+    tol = [report.plot_bound(n) for n in names]
     ax.plot(xs, tol, color="black", linewidth=1, label=f"{report.dtype} tolerance (max_rel)")
     failure = report.first_failure
     if failure is not None and failure[1].name in names:
@@ -62,7 +62,7 @@ def plot_report(report: Report, path: str | Path) -> Path:
     ax.set_ylabel("max|a - b| / max|b|")
     step = max(1, len(names) // 40)  # keep tick labels readable for deep models
     ax.set_xticks(xs[::step], [n.removeprefix("layers.") for n in names][::step], rotation=90, fontsize=7)
-    ax.set_title(f"residual-stream error, {report.model['model_type']} {report.num_layers} layers, {report.dtype}")
+    ax.set_title(report.plot_title())
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

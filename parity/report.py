@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from parity.compare import Comparison, ComponentResult
-from parity.components import component_order
+from parity.components import component_order, layers_before, residual_stream
 from parity.tolerances import Tolerance
 
 
@@ -53,6 +53,17 @@ class Report:
         """The name of the first component outside tolerance (None when parity holds)."""
         failure = self.first_failure
         return None if failure is None else failure[1].name
+
+    # ---- what --plot draws (parity/plot.py) ----------------------------------------------------------------
+    def plot_names(self) -> list[str]:
+        """The residual stream: x1 and x2 of every layer, then the logits."""
+        return residual_stream(self.num_layers)
+
+    def plot_bound(self, name: str) -> float:
+        return self.tolerance.bound(layers_before(name, self.num_layers)).max_rel
+
+    def plot_title(self) -> str:
+        return f"residual-stream error, {self.model['model_type']} {self.num_layers} layers, {self.dtype}"
 
     def comparison(self, test: str, ref: str) -> Comparison:
         return next(c for c in self.comparisons + self.drift if (c.test, c.ref) == (test, ref))

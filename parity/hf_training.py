@@ -1,0 +1,79 @@
+"""transformers as the third, independent opinion on training: its own loss, gradients and torch's AdamW.
+
+The loss is transformers' own (`model(ids, labels=...)`: it shifts the labels, ignores -100 and averages in
+float32), the gradients are its autograd's, and the optimizer is torch.optim.AdamW with the same groups and
+settings as torch_impl (spec/training.py), so `check --grad --reference hf` compares three implementations
+that share no model code. transformers' parameter names are the checkpoint's, so gradients compare by name.
+Positions are passed explicitly (each token's count of real tokens before it), as both backends compute
+them: transformers would otherwise number a left-padded row's tokens from the first pad.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from parity.hf_reference import load_hf
+from spec import ModelSpec
+from spec.params import param_table
+from spec.training import AdamW, check_labels, decays
+
+
+def _batch(model_spec: ModelSpec, ids: np.ndarray, labels, attention_mask):
+    import torch
+
+    ids = np.asarray(ids)
+    mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask).astype(np.int64)
+    counted = check_labels(labels, ids, model_spec, attention_mask)
+    positions = np.maximum(np.cumsum(mask, axis=-1) - 1, 0)
+    as_long = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.long)  # noqa: E731
+    return {
+        "input_ids": as_long(ids),
+        "attention_mask": as_long(mask),
+        "position_ids": as_long(positions),
+        "labels": as_long(counted),
+    }
+
+
+def hf_loss_and_grads(
+    checkpoint: str | Path, ids: np.ndarray, *, dtype: str, labels=None, attention_mask=None
+) -> tuple[float, dict[str, np.ndarray]]:
+    """transformers' loss and every parameter's gradient by checkpoint name (float32 numpy, [out, in])."""
+    model_spec = ModelSpec.from_pretrained(checkpoint)
+    model = load_hf(checkpoint, dtype)
+    out = model(**_batch(model_spec, ids, labels, attention_mask))
+    out.loss.backward()
+    grads = {name: p.grad.float().numpy().copy() for name, p in model.named_parameters()}
+    if model_spec.tie_word_embeddings:  # one table: its gradient holds both uses already
+        grads.pop("lm_head.weight", None)
+    return float(out.loss.detach()), grads
+
+
+def hf_train(
+    checkpoint: str | Path, batches: list[np.ndarray], config: AdamW, *, dtype: str, attention_mask=None
+) -> tuple[list[float], dict[str, np.ndarray]]:
+    """AdamW steps on transformers' model, one per batch: (losses, parameters by checkpoint name after)."""
+    import torch
+
+    model_spec = ModelSpec.from_pretrained(checkpoint)
+    model = load_hf(checkpoint, dtype)
+    kinds = {e.name: e.kind for e in param_table(model_spec)}
+    named = dict(model.named_parameters())
+    decay = [p for n, p in named.items() if decays(kinds[n])]
+    rest = [p for n, p in named.items() if not decays(kinds[n])]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(
+        groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, foreach=False
+    )
+    losses = []
+    for ids in batches:
+        optimizer.zero_grad(set_to_none=True)
+        out = model(**_batch(model_spec, ids, None, attention_mask))
+        out.loss.backward()
+        if config.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(list(named.values()), config.max_grad_norm, foreach=False)
+        optimizer.step()
+        losses.append(float(out.loss.detach()))
+    params = {n: p.detach().float().numpy().copy() for n, p in named.items() if n in kinds}
+    return losses, params

@@ -120,7 +120,7 @@ def torch_like_clip(max_norm: float) -> optax.GradientTransformation:
     """Global-norm clipping as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when < 1."""
 
     def update(updates, state, params=None):
-        norm = optax.global_norm(updates)
+        norm = optax.tree.norm(updates)
         scale = jnp.minimum(max_norm / (norm + 1e-6), 1.0)
         return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
 

@@ -35,6 +35,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# The widest row one program holds (add_rms_norm forward and backward); as in the Triton twin, see there.
+MAX_BLOCK_H = 65536
+
 # Interpret mode is a correctness tool, and the XLA compile of its emulation loop dominates CPU test time:
 # LLVM at -O0 cuts that compile by about a third. (Inside a caller's jax.jit the caller's options apply.)
 INTERPRET_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}

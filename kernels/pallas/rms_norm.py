@@ -5,7 +5,7 @@ of add_rms_norm"). Three layers, like the Triton twin:
 
     _add_rms_norm_kernel   Pallas kernel: one program normalizes BLOCK_ROWS whole rows
     _block_config/_launch  block sizes (a pure function of the row width), the pallas_call
-    add_rms_norm           the public entry point; jax.custom_vjp (backward = the reference's gradient)
+    add_rms_norm           the public entry point; jax.custom_vjp (backward: kernels/pallas/rms_norm_backward.py)
 
 Functional, like all of JAX: the new residual is a new array, but the pallas_call aliases it to the residual
 input (input_output_aliases), so under jax.jit XLA can write it into the residual's buffer when the old
@@ -27,13 +27,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels.pallas import INTERPRET_COMPILER_OPTIONS, resolve_interpret, run_on_platform
-from kernels.pallas.reference import add_rms_norm_reference, check_add_rms_norm_args
+from kernels.pallas import INTERPRET_COMPILER_OPTIONS, MAX_BLOCK_H, resolve_interpret, run_on_platform
+from kernels.pallas.reference import check_add_rms_norm_args
+from kernels.pallas.rms_norm_backward import launch_backward
 
 __all__ = ["MAX_BLOCK_H", "add_rms_norm"]
 
-# Same limits and packing as the Triton twin (see there for why).
-MAX_BLOCK_H = 65536
+# Same packing as the Triton twin (see there for why).
 _ELEMENTS_PER_PROGRAM = 4096
 _MAX_BLOCK_ROWS = 64
 
@@ -128,6 +128,12 @@ _launch_jit = jax.jit(_launch, static_argnames=("eps", "interpret"))
 _launch_interpreted = jax.jit(
     functools.partial(_launch, interpret=True), static_argnames=("eps",), compiler_options=INTERPRET_COMPILER_OPTIONS
 )
+_backward_jit = jax.jit(launch_backward, static_argnames=("eps", "interpret"))
+_backward_interpreted = jax.jit(
+    functools.partial(launch_backward, interpret=True),
+    static_argnames=("eps",),
+    compiler_options=INTERPRET_COMPILER_OPTIONS,
+)
 
 
 def _run(x, residual, weight, eps, interpret):
@@ -142,13 +148,19 @@ def _add_rms_norm(x, residual, weight, eps, interpret):
 
 
 def _add_rms_norm_fwd(x, residual, weight, eps, interpret):
-    return _run(x, residual, weight, eps, interpret), (x, residual, weight)
+    outs = _run(x, residual, weight, eps, interpret)
+    # Only s (the new residual, or x) and the weight are kept: the backward recomputes rstd and n from s.
+    return outs, (x if residual is None else outs[1], weight)
 
 
 def _add_rms_norm_bwd(eps, interpret, saved, cotangents):
-    # The reference's own gradient: one unfused forward recomputed, never a different answer.
-    _, vjp = jax.vjp(lambda x, r, w: add_rms_norm_reference(x, r, w, eps), *saved)
-    return vjp(cotangents)
+    s, weight = saved
+    d_out, d_new_residual = cotangents if isinstance(cotangents, tuple) else (cotangents, None)
+    if interpret:
+        d_s, d_weight = _backward_interpreted(s, weight, d_out, d_new_residual, eps=eps)
+    else:
+        d_s, d_weight = _backward_jit(s, weight, d_out, d_new_residual, eps=eps, interpret=interpret)
+    return d_s, None if d_new_residual is None else d_s, d_weight  # s = x + residual: both get d_s
 
 
 _add_rms_norm.defvjp(_add_rms_norm_fwd, _add_rms_norm_bwd)
@@ -162,7 +174,7 @@ def add_rms_norm(
     x: [..., H] float32/bfloat16/float16; residual: like x or None; weight: [H], x's dtype; eps > 0.
     interpret: None (default) interprets on CPU and compiles on GPU, judged from x's device (or, inside
     jax.jit, from the platform being compiled for); True/False forces one or the other.
-    Differentiable (jax.grad/vjp): the backward is the reference's gradient.
+    Differentiable (jax.grad/vjp): the backward runs the fused backward kernels (rms_norm_backward.py).
     """
     check_add_rms_norm_args(x, residual, weight, eps)
     return _add_rms_norm(x, residual, weight, float(eps), resolve_interpret(x, interpret))

@@ -6,7 +6,7 @@ second; computed in fp32, cast to the activation dtype once). Three layers, like
 
     _silu_and_mul_kernel   Pallas kernel: one program computes a [BLOCK_ROWS, BLOCK_COLS] tile of the output
     _block_config/_launch  block sizes (a pure function of I), the pallas_call
-    silu_and_mul           the public entry point; jax.custom_vjp (backward = the reference's gradient)
+    silu_and_mul           the public entry point; jax.custom_vjp (backward: kernels/pallas/swiglu_backward.py)
 
 Elementwise, so the columns are tiled too: any I works, with no cap on the width. The refs are whole
 arrays addressed with pl.ds and masks, as in kernels/pallas/rms_norm.py (see there for why).
@@ -22,7 +22,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels.pallas import INTERPRET_COMPILER_OPTIONS, resolve_interpret, run_on_platform
-from kernels.pallas.reference import check_silu_and_mul_args, silu_and_mul_reference
+from kernels.pallas.reference import check_silu_and_mul_args
+from kernels.pallas.swiglu_backward import launch_backward
 
 __all__ = ["silu_and_mul"]
 
@@ -88,6 +89,10 @@ def _launch(x: jax.Array, *, interpret: bool | None) -> jax.Array:
 
 _launch_jit = jax.jit(_launch, static_argnames=("interpret",))
 _launch_interpreted = jax.jit(functools.partial(_launch, interpret=True), compiler_options=INTERPRET_COMPILER_OPTIONS)
+_backward_jit = jax.jit(launch_backward, static_argnames=("interpret",))
+_backward_interpreted = jax.jit(
+    functools.partial(launch_backward, interpret=True), compiler_options=INTERPRET_COMPILER_OPTIONS
+)
 
 
 def _run(x, interpret):
@@ -104,9 +109,9 @@ def _silu_and_mul_fwd(x, interpret):
 
 
 def _silu_and_mul_bwd(interpret, x, cotangent):
-    # The reference's own gradient: one unfused forward recomputed, never a different answer.
-    _, vjp = jax.vjp(silu_and_mul_reference, x)
-    return vjp(cotangent)
+    if interpret:
+        return (_backward_interpreted(x, cotangent),)
+    return (_backward_jit(x, cotangent, interpret=interpret),)
 
 
 _silu_and_mul.defvjp(_silu_and_mul_fwd, _silu_and_mul_bwd)
@@ -117,7 +122,7 @@ def silu_and_mul(x: jax.Array, *, interpret: bool | None = None) -> jax.Array:
 
     interpret: None (default) interprets on CPU and compiles on GPU, judged from x's device (or, inside
     jax.jit, from the platform being compiled for); True/False forces one or the other.
-    Differentiable (jax.grad/vjp): the backward is the reference's gradient.
+    Differentiable (jax.grad/vjp): the backward runs the fused backward kernel (swiglu_backward.py).
     """
     check_silu_and_mul_args(x)
     return _silu_and_mul(x, resolve_interpret(x, interpret))

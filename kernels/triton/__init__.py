@@ -26,6 +26,11 @@ __all__ = ["add_rms_norm", "add_rms_norm_reference", "silu_and_mul", "silu_and_m
 
 _LAZY = {"add_rms_norm": "kernels.triton.rms_norm", "silu_and_mul": "kernels.triton.swiglu"}
 
+# A whole row lives in one program's registers (add_rms_norm's reduction needs all of it, forward and
+# backward); past 64K elements that spills badly, so wider rows are refused rather than run slowly. Real
+# models stay far below (<= 16K).
+MAX_BLOCK_H = 65536
+
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:

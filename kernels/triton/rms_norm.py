@@ -5,7 +5,7 @@ of add_rms_norm"). Three layers, Liger-Kernel style:
 
     _add_rms_norm_kernel   @triton.jit: one program normalizes BLOCK_ROWS whole rows held in registers
     _block_config/_launch  block sizes (a pure function of the row width), checks, the launch
-    add_rms_norm           the public entry point; autograd-aware (backward = the reference's gradient)
+    add_rms_norm           the public entry point; autograd-aware (backward: kernels/triton/rms_norm_backward.py)
 
 The residual is NOT updated in place: the new residual is a fresh tensor, like the reference and the
 functional JAX twin, so that a caller's `residual` still holds its old value after the call.
@@ -18,35 +18,18 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
-from kernels.triton import as_rows, check_launchable
-from kernels.triton.reference import add_rms_norm_reference, check_add_rms_norm_args
+from kernels.triton import MAX_BLOCK_H, as_rows, check_launchable
+from kernels.triton.reference import check_add_rms_norm_args
+from kernels.triton.rms_norm_backward import launch_backward
+from kernels.triton.rounding import round_to_dtype
 
 __all__ = ["MAX_BLOCK_H", "add_rms_norm", "round_to_dtype"]
 
-# A whole row lives in one program's registers (the reduction needs all of it); past 64K elements that
-# spills badly, so wider rows are refused rather than run slowly. Real models stay far below (<= 16K).
-MAX_BLOCK_H = 65536
 # Rows narrower than this are packed several to a program so that small widths still fill the warps.
 _ELEMENTS_PER_PROGRAM = 4096
 _MAX_BLOCK_ROWS = 64
-
-
-@triton.jit
-def round_to_dtype(x, dtype: tl.constexpr):
-    """Cast fp32 `x` to `dtype` rounding to nearest-even, identically compiled and interpreted.
-
-    Triton's interpreter truncates fp32 -> bf16 (a GPU rounds to nearest-even), which would make CPU runs
-    disagree with torch by an ulp; rounding by hand on the bits costs a few integer ops in a
-    memory-bound kernel and is exactly what the GPU's cvt.rn.bf16.f32 does. Shared with silu_and_mul.py.
-    """
-    if dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + (0x7FFF + ((bits >> 16) & 1))  # round half to even on the 16 bits dropped
-        rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        return tl.where(x == x, rounded, x.to(tl.bfloat16))  # NaN must stay NaN, not carry into the sign
-    else:
-        return x.to(dtype)
 
 
 @triton.jit
@@ -143,33 +126,28 @@ def _launch(
 
 
 class _AddRMSNormFunction(torch.autograd.Function):
-    """Forward: the fused kernel. Backward: the reference's own gradient, by recomputing the reference.
+    """Forward: the fused kernel. Backward: the fused backward kernels (kernels/triton/rms_norm_backward.py).
 
-    Recomputation costs one extra unfused forward in the backward pass but can never disagree with the
-    reference's gradient; the kernel exists for inference speed.
+    Saves only s (the new residual, or x without one) and the weight: the backward recomputes rstd and n
+    from s, which it must read anyway, instead of keeping a per-row float32 rstd alive between the passes.
     """
 
     @staticmethod
     def forward(ctx, x, residual, weight, eps):
         out, new_residual = _launch(x, residual, weight, eps)
         ctx.eps = eps
-        ctx.save_for_backward(x, residual, weight)
+        ctx.set_materialize_grads(False)  # an unused output's cotangent arrives as None: nothing to read
+        ctx.save_for_backward(x if new_residual is None else new_residual, weight)
         return out if new_residual is None else (out, new_residual)
 
     @staticmethod
-    def backward(ctx, *grad_outputs):
-        saved = ctx.saved_tensors  # (x, residual or None, weight)
-        wanted = [t is not None and need for t, need in zip(saved, ctx.needs_input_grad[:3], strict=True)]
-        with torch.enable_grad():
-            inputs = [
-                t.detach().requires_grad_(need) if t is not None else None
-                for t, need in zip(saved, wanted, strict=True)
-            ]
-            outputs = add_rms_norm_reference(inputs[0], inputs[1], inputs[2], ctx.eps)
-            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            diff_inputs = [t for t, need in zip(inputs, wanted, strict=True) if need]
-            grads = iter(torch.autograd.grad(outputs, diff_inputs, grad_outputs, allow_unused=True))
-        return (*(next(grads) if need else None for need in wanted), None)
+    @once_differentiable
+    def backward(ctx, d_out, d_new_residual=None):
+        s, weight = ctx.saved_tensors
+        d_s, d_weight = launch_backward(s, weight, d_out, d_new_residual, ctx.eps)
+        need_x, need_residual, need_weight = ctx.needs_input_grad[:3]
+        # s = x + residual: both receive d_s itself (autograd adds into buffers out of place, never aliasing).
+        return d_s if need_x else None, d_s if need_residual else None, d_weight if need_weight else None, None
 
 
 def add_rms_norm(
@@ -178,7 +156,7 @@ def add_rms_norm(
     """Fused `add_rms_norm_reference`: returns out, or (out, new_residual) when `residual` is given.
 
     x: [..., H] float32/bfloat16/float16; residual: like x or None; weight: [H], x's dtype; eps > 0.
-    Differentiable: under autograd the backward is the reference's gradient (see _AddRMSNormFunction).
+    Differentiable: under autograd the backward runs the fused backward kernels (see _AddRMSNormFunction).
     """
     check_add_rms_norm_args(x, residual, weight, eps)
     tensors = (x, residual, weight)

@@ -6,7 +6,7 @@ second; computed in fp32, cast to the activation dtype once). Three layers, Lige
 
     _silu_and_mul_kernel   @triton.jit: one program computes a [BLOCK_ROWS, BLOCK_COLS] tile of the output
     _block_config/_launch  block sizes (a pure function of I), checks, the launch
-    silu_and_mul           the public entry point; autograd-aware (backward = the reference's gradient)
+    silu_and_mul           the public entry point; autograd-aware (backward: kernels/triton/swiglu_backward.py)
 
 Elementwise, so the columns are tiled too: any I works, with no cap on the width.
 Inputs may be row-strided views (no copy); a non-unit stride along the last dim is copied first.
@@ -17,10 +17,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from kernels.triton import as_rows, check_launchable
-from kernels.triton.reference import check_silu_and_mul_args, silu_and_mul_reference
-from kernels.triton.rms_norm import round_to_dtype
+from kernels.triton.reference import check_silu_and_mul_args
+from kernels.triton.rounding import round_to_dtype
+from kernels.triton.swiglu_backward import launch_backward
 
 __all__ = ["silu_and_mul"]
 
@@ -89,7 +91,7 @@ def _launch(x: torch.Tensor) -> torch.Tensor:
 
 
 class _SiluAndMulFunction(torch.autograd.Function):
-    """Forward: the fused kernel. Backward: the reference's own gradient, by recomputing the reference."""
+    """Forward: the fused kernel. Backward: the fused backward kernel (kernels/triton/swiglu_backward.py)."""
 
     @staticmethod
     def forward(ctx, x):
@@ -97,18 +99,16 @@ class _SiluAndMulFunction(torch.autograd.Function):
         return _launch(x)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         (x,) = ctx.saved_tensors
-        with torch.enable_grad():
-            x = x.detach().requires_grad_(True)
-            (grad_x,) = torch.autograd.grad(silu_and_mul_reference(x), (x,), (grad_out,))
-        return grad_x
+        return launch_backward(x, grad_out)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """Fused `silu_and_mul_reference`: x [..., 2I] (gate first) -> [..., I] in x's dtype.
 
-    Differentiable: under autograd the backward is the reference's gradient (see _SiluAndMulFunction).
+    Differentiable: under autograd the backward runs the fused backward kernel (see _SiluAndMulFunction).
     """
     check_silu_and_mul_args(x)
     if torch.is_grad_enabled() and x.requires_grad:

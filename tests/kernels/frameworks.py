@@ -30,6 +30,9 @@ class Framework:
     name: str  # "triton" | "pallas": kernels.<name> holds the fused ops, their references and the kernel modules
     array: Callable[[np.ndarray, str], Any]  # float32 numpy -> the framework's array of that dtype, on its device
     dtype_prefix: str  # how an error message spells a dtype: "torch.float16" or "float16"
+    # (fn, primals, cotangents) -> the primals' gradients (None for a None primal): torch autograd on fresh
+    # leaves, or jax.vjp. A tuple of outputs takes a tuple of cotangents, one output one cotangent.
+    vjp: Callable[[Callable, tuple, Any], tuple]
     # How the tests compute expected values with the references. JAX: under jit, one XLA compile per shape
     # instead of one per op, which is most of the run time otherwise (jax_impl runs them jitted too).
     jit: Callable[..., Callable] = lambda fn, **_: fn
@@ -50,6 +53,16 @@ class Framework:
         return importlib.import_module(f"kernels.{self.name}.swiglu")
 
     @property
+    def rms_norm_backward(self) -> ModuleType:
+        """The module of add_rms_norm's backward kernels (their block configuration)."""
+        return importlib.import_module(f"kernels.{self.name}.rms_norm_backward")
+
+    @property
+    def swiglu_backward(self) -> ModuleType:
+        """The module of silu_and_mul's backward kernel."""
+        return importlib.import_module(f"kernels.{self.name}.swiglu_backward")
+
+    @property
     def add_rms_norm(self) -> Callable:
         return self.ops.add_rms_norm
 
@@ -65,6 +78,39 @@ class Framework:
     def silu_and_mul_reference(self) -> Callable:
         return self.jit(self.ops.silu_and_mul_reference)
 
+    def add_rms_norm_grads(self, fused: bool, x: Any, residual: Any, weight: Any, d_out: Any, d_new_residual: Any):
+        """(d_x, d_residual or None, d_weight) of the fused op (fused=True) or of the reference (jitted in JAX)."""
+        return (self._add_rms_norm_fused_grads if fused else self._add_rms_norm_reference_grads)(
+            x, residual, weight, d_out, d_new_residual
+        )
+
+    def silu_and_mul_grads(self, fused: bool, x: Any, d_out: Any) -> Any:
+        """d_x [..., 2I] of the fused op or of the reference (jitted in JAX)."""
+        return (self._silu_and_mul_fused_grads if fused else self._silu_and_mul_reference_grads)(x, d_out)
+
+    def _rms_grads(self, fn: Callable) -> Callable:
+        def grads(x, residual, weight, d_out, d_new_residual):
+            cotangents = d_out if residual is None else (d_out, d_new_residual)
+            return self.vjp(lambda x, r, w: fn(x, r, w, EPS), (x, residual, weight), cotangents)
+
+        return grads
+
+    @functools.cached_property
+    def _add_rms_norm_fused_grads(self) -> Callable:
+        return self._rms_grads(self.ops.add_rms_norm)
+
+    @functools.cached_property
+    def _add_rms_norm_reference_grads(self) -> Callable:
+        return self.jit(self._rms_grads(self.ops.add_rms_norm_reference))
+
+    @functools.cached_property
+    def _silu_and_mul_fused_grads(self) -> Callable:
+        return lambda x, d_out: self.vjp(self.ops.silu_and_mul, (x,), d_out)[0]
+
+    @functools.cached_property
+    def _silu_and_mul_reference_grads(self) -> Callable:
+        return self.jit(lambda x, d_out: self.vjp(self.ops.silu_and_mul_reference, (x,), d_out)[0])
+
 
 def _triton() -> Framework:
     torch = pytest.importorskip("torch")
@@ -74,7 +120,13 @@ def _triton() -> Framework:
     def array(a: np.ndarray, dtype: str) -> Any:
         return torch.from_numpy(a).to(device=device, dtype=getattr(torch, dtype))
 
-    return Framework("triton", array, "torch.")
+    def vjp(fn: Callable, primals: tuple, cotangents: Any) -> tuple:
+        leaves = [p.detach().clone().requires_grad_() if p is not None else None for p in primals]
+        outs = fn(*leaves)
+        torch.autograd.backward(outs, cotangents)
+        return tuple(leaf.grad if leaf is not None else None for leaf in leaves)
+
+    return Framework("triton", array, "torch.", vjp)
 
 
 def _pallas() -> Framework:
@@ -85,7 +137,10 @@ def _pallas() -> Framework:
     def array(a: np.ndarray, dtype: str) -> Any:
         return jax.numpy.asarray(a.astype(jax.numpy.dtype(dtype)))
 
-    return Framework("pallas", array, "", jit=jax.jit)
+    def vjp(fn: Callable, primals: tuple, cotangents: Any) -> tuple:
+        return jax.vjp(fn, *primals)[1](cotangents)
+
+    return Framework("pallas", array, "", vjp, jit=jax.jit)
 
 
 @functools.cache

@@ -1,0 +1,29 @@
+"""The float32 -> activation-dtype cast every Triton kernel here ends with (forward and backward alike).
+
+Its own module so that the forward and backward kernel modules (rms_norm.py, rms_norm_backward.py,
+swiglu.py, swiglu_backward.py) can share it without importing each other.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["round_to_dtype"]
+
+
+@triton.jit
+def round_to_dtype(x, dtype: tl.constexpr):
+    """Cast fp32 `x` to `dtype` rounding to nearest-even, identically compiled and interpreted.
+
+    Triton's interpreter truncates fp32 -> bf16 (a GPU rounds to nearest-even), which would make CPU runs
+    disagree with torch by an ulp; rounding by hand on the bits costs a few integer ops in a
+    memory-bound kernel and is exactly what the GPU's cvt.rn.bf16.f32 does.
+    """
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + (0x7FFF + ((bits >> 16) & 1))  # round half to even on the 16 bits dropped
+        rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return tl.where(x == x, rounded, x.to(tl.bfloat16))  # NaN must stay NaN, not carry into the sign
+    else:
+        return x.to(dtype)

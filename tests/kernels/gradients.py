@@ -1,0 +1,55 @@
+"""Framework-neutral helpers for the backward tests: the term scales the "term_ulp" rows of
+tests/kernels/tolerances.py are measured at, computed in float64 numpy from the test's inputs.
+
+An element's term scale is the sum of the magnitudes of the terms the backward contract adds in float32 to
+form it (kernels/triton/rms_norm_backward.py, swiglu_backward.py). Where the element is as large as its
+terms the bound is in the element's own ulps; where the terms cancel, float32 noise and any skipped
+intermediate rounding (a jitted JAX reference's excess precision) are measured against what they are
+proportional to, the terms. Computed from the inputs, never from either result under test.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+_NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def as_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    """`a` rounded to `dtype` (nearest-even, as torch and XLA cast), returned as float64."""
+    return np.asarray(a, np.float64).astype(_NUMPY_DTYPES[dtype]).astype(np.float64)
+
+
+def add_rms_norm_term_scales(
+    x: np.ndarray,
+    residual: np.ndarray | None,
+    weight: np.ndarray,
+    d_out: np.ndarray,
+    d_new_residual: np.ndarray | None,
+    dtype: str,
+    eps: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scale of d_s = d_x = d_residual [..., H], scale of d_weight [H]) for float32 inputs cast to `dtype`.
+
+    d_s = rstd * dy - s * rstd^3 * mean(dy * s) (+ g_s): terms rstd*|dy|, |s| * rstd^3 * mean|dy * s|, |g_s|.
+    d_weight = sum over rows of D(g * n): terms |g * n|.
+    """
+    x, weight, g = as_dtype(x, dtype), as_dtype(weight, dtype), as_dtype(d_out, dtype)
+    s = x if residual is None else as_dtype(x + as_dtype(residual, dtype), dtype)
+    rstd = 1.0 / np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + eps)  # [..., 1]
+    dy = as_dtype(g * weight, dtype)
+    scale_s = rstd * np.abs(dy) + np.abs(s) * rstd**3 * np.mean(np.abs(dy * s), axis=-1, keepdims=True)
+    if d_new_residual is not None:
+        scale_s = scale_s + np.abs(as_dtype(d_new_residual, dtype))
+    n = as_dtype(s * rstd, dtype)
+    scale_w = np.abs(g * n).reshape(-1, s.shape[-1]).sum(axis=0)  # [H]
+    return scale_s, scale_w
+
+
+def silu_and_mul_term_scale(x: np.ndarray, d_out: np.ndarray, dtype: str) -> np.ndarray:
+    """Scale of d_gate_up [..., 2I]: |g * up| * sig * (1 + |gate| * (1 - sig)) for gate, |g * silu(gate)| for up."""
+    gate, up = np.split(as_dtype(x, dtype), 2, axis=-1)  # [..., I] each
+    g = as_dtype(d_out, dtype)
+    sig = 1.0 / (1.0 + np.exp(-gate))
+    return np.concatenate([np.abs(g * up) * sig * (1.0 + np.abs(gate) * (1.0 - sig)), np.abs(g * gate * sig)], -1)

@@ -1,0 +1,135 @@
+"""The fused backward kernels of each framework against its reference's own gradient (torch autograd /
+jax.vjp of kernels/*/reference.py): one set of cases, run for Triton and for Pallas.
+
+Bounds: tests/kernels/tolerances.py (d_x, d_residual, d_weight, d_gate_up); float32 as relative errors,
+bfloat16/float16 in ulps at each element's term scale (tests/kernels/gradients.py). What only one framework
+has (torch's None cotangents and strided cotangents, once_differentiable; JAX under jit and the GPU lowering)
+is in test_triton_kernels.py / test_pallas_kernels.py; Triton against Pallas in test_cross_kernels.py.
+Interpreted on CPU, so shapes stay small: each new shape costs Pallas an XLA compile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.backends import to_numpy
+from tests.kernels.frameworks import DTYPES, EPS, FRAMEWORKS, Framework, framework
+from tests.kernels.gradients import add_rms_norm_term_scales, silu_and_mul_term_scale
+from tests.kernels.tolerances import assert_within_tolerance, sample_inputs
+
+# Real widths (896 + 1, 1000, 3072: not powers of two, not all multiples of 16) and the degenerate 1.
+WIDTHS = (1, 897, 1000, 3072)
+
+
+@pytest.fixture(scope="module", params=FRAMEWORKS)
+def fw(request: pytest.FixtureRequest) -> Framework:
+    return framework(request.param)
+
+
+def _rms_inputs(shape: tuple[int, ...], with_residual: bool, seed: int = 0) -> dict[str, np.ndarray | None]:
+    return {
+        "x": sample_inputs(shape, seed, "x"),
+        "residual": sample_inputs(shape, seed + 1, "residual") if with_residual else None,
+        "weight": sample_inputs(shape[-1:], seed + 2, "weight"),
+        "d_out": sample_inputs(shape, seed + 3, "cotangent"),
+        "d_new_residual": sample_inputs(shape, seed + 4, "cotangent") if with_residual else None,
+    }
+
+
+def check_add_rms_norm_backward(fw: Framework, inputs: dict[str, np.ndarray | None], dtype: str) -> dict[str, float]:
+    """Fused vs reference gradients of add_rms_norm on `inputs` (float32 numpy); returns the errors seen."""
+    args: list[Any] = [fw.array(a, dtype) if a is not None else None for a in inputs.values()]
+    got, want = fw.add_rms_norm_grads(True, *args), fw.add_rms_norm_grads(False, *args)
+    scale_s, scale_w = add_rms_norm_term_scales(*inputs.values(), dtype, EPS)
+    shape = inputs["x"].shape
+    errors = {}
+    quantities = ("d_x", "d_residual", "d_weight")
+    for quantity, g, w, scale in zip(quantities, got, want, (scale_s, scale_s, scale_w), strict=True):
+        if inputs["residual"] is None and quantity == "d_residual":
+            assert g is None and w is None
+            continue
+        assert g.shape == w.shape and g.dtype == w.dtype, (quantity, g.shape, g.dtype)
+        errors[quantity] = assert_within_tolerance(to_numpy(g), to_numpy(w), quantity, dtype, str(shape), scale)
+    if inputs["residual"] is not None:  # s = x + residual: one gradient for both, the very same values
+        np.testing.assert_array_equal(to_numpy(got[0]), to_numpy(got[1]))
+    return errors
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_backward(fw: Framework, dtype: str, width: int) -> None:
+    check_add_rms_norm_backward(fw, _rms_inputs((17, width), with_residual=True), dtype)
+    check_add_rms_norm_backward(fw, _rms_inputs((3, width), with_residual=False), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_backward_many_rows(fw: Framework, dtype: str) -> None:
+    """257 rows of 123: 17 programs each with its partial dW row, the last block ragged."""
+    check_add_rms_norm_backward(fw, _rms_inputs((257, 123), with_residual=True), dtype)
+
+
+def test_add_rms_norm_backward_loops_over_row_blocks(fw: Framework, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With at most 4 programs, 33 rows in blocks of 2 are 17 blocks: 5 per program, the last program short.
+
+    On a GPU this is the path of thousands of rows; here the cap is lowered so that a small shape takes it.
+    """
+    module = fw.rms_norm_backward
+    monkeypatch.setattr(module, "_MAX_PROGRAMS", 4)
+    cfg = module._block_config(33, 1000)
+    assert (cfg["BLOCK_ROWS"], cfg["blocks_per_program"], cfg["n_programs"]) == (2, 5, 4)
+    check_add_rms_norm_backward(fw, _rms_inputs((33, 1000), with_residual=True, seed=5), "float32")
+    check_add_rms_norm_backward(fw, _rms_inputs((33, 1000), with_residual=False, seed=5), "bfloat16")
+
+
+def test_add_rms_norm_backward_3d_and_4d(fw: Framework) -> None:
+    check_add_rms_norm_backward(fw, _rms_inputs((2, 5, 64), with_residual=True), "bfloat16")  # [batch, seq, H]
+    check_add_rms_norm_backward(fw, _rms_inputs((1, 3, 4, 16), with_residual=False), "float32")  # q/k norm heads
+
+
+def test_add_rms_norm_backward_is_deterministic(fw: Framework) -> None:
+    """No atomics: the weight gradient (and everything else) is the same bits on every run."""
+    args = [fw.array(a, "float32") if a is not None else None for a in _rms_inputs((257, 123), True).values()]
+    first, second = fw.add_rms_norm_grads(True, *args), fw.add_rms_norm_grads(True, *args)
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+
+
+def test_add_rms_norm_backward_known_answer(fw: Framework) -> None:
+    """x = (3, 4), w = 1, g = (1, 0): rms = sqrt(12.5), d_x = (1 - 9/25, -12/25) / rms, d_w = x / rms."""
+    x, w, g = (fw.array(np.array(a, np.float32), "float32") for a in ([[3.0, 4.0]], [1.0, 1.0], [[1.0, 0.0]]))
+    d_x, d_residual, d_w = fw.add_rms_norm_grads(True, x, None, w, g, None)
+    rms = np.sqrt(12.5)
+    np.testing.assert_allclose(to_numpy(d_x), [[16 / 25 / rms, -12 / 25 / rms]], rtol=1e-6)
+    np.testing.assert_allclose(to_numpy(d_w), [3 / rms, 0.0], rtol=1e-6, atol=1e-7)
+    assert d_residual is None
+
+
+@pytest.mark.parametrize("width", [*WIDTHS, 1536])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_backward(fw: Framework, dtype: str, width: int) -> None:
+    for shape in [(17, 2 * width), (2, 3, 2 * width)]:
+        x, d_out = sample_inputs(shape, 7, "gate_up"), sample_inputs((*shape[:-1], width), 8, "cotangent")
+        xd, gd = fw.array(x, dtype), fw.array(d_out, dtype)
+        got, want = fw.silu_and_mul_grads(True, xd, gd), fw.silu_and_mul_grads(False, xd, gd)
+        assert got.shape == shape and got.dtype == xd.dtype
+        scale = silu_and_mul_term_scale(x, d_out, dtype)
+        assert_within_tolerance(to_numpy(got), to_numpy(want), "d_gate_up", dtype, str(shape), scale)
+
+
+def test_silu_and_mul_backward_known_answer(fw: Framework) -> None:
+    """gate = 0: silu' = 1/2, silu = 0; gate = 2: silu' = s(1 + 2(1 - s)), silu = 2s, s = sigmoid(2)."""
+    x = fw.array(np.array([[0.0, 2.0, 3.0, 5.0]], np.float32), "float32")  # gate (0, 2), up (3, 5)
+    d = to_numpy(fw.silu_and_mul_grads(True, x, fw.array(np.ones((1, 2), np.float32), "float32")))
+    s = 1 / (1 + np.exp(-2.0))
+    np.testing.assert_allclose(d, [[3 * 0.5, 5 * s * (1 + 2 * (1 - s)), 0.0, 2 * s]], rtol=1e-6)
+
+
+def test_backward_of_empty_input(fw: Framework) -> None:
+    x, w = fw.array(np.zeros((0, 8), np.float32), "float32"), fw.array(np.ones(8, np.float32), "float32")
+    d_x, d_residual, d_w = fw.add_rms_norm_grads(True, x, x, w, x, x)
+    assert d_x.shape == d_residual.shape == (0, 8) and d_w.shape == (8,)
+    np.testing.assert_array_equal(to_numpy(d_w), np.zeros(8))
+    assert fw.silu_and_mul_grads(True, x, fw.array(np.zeros((0, 4), np.float32), "float32")).shape == (0, 8)

@@ -54,6 +54,19 @@ HF_CONFIGS: dict[str, dict] = {
         tie_word_embeddings=True,
         max_position_embeddings=256,
     ),
+    # Qwen2: q/k/v bias, untied head, GQA 3 (training parity's untied-bias case).
+    "qwen2_bias_untied": dict(
+        model_type="qwen2",
+        vocab_size=211,
+        hidden_size=48,
+        intermediate_size=72,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    ),
     # Llama: llama3 rope scaling, GQA 2, untied, head_dim 20 != 48/4... (explicit).
     "llama3_scaled": dict(
         model_type="llama",

@@ -50,30 +50,42 @@ def hf_loss_and_grads(
     return float(out.loss.detach()), grads
 
 
+class HFTrainer:
+    """transformers' model and torch.optim.AdamW set up as torch_impl's (the same groups and settings)."""
+
+    def __init__(self, checkpoint: str | Path, config: AdamW, *, dtype: str):
+        import torch
+
+        self.spec = ModelSpec.from_pretrained(checkpoint)
+        self.config = config
+        self.model = load_hf(checkpoint, dtype)
+        kinds = {e.name: e.kind for e in param_table(self.spec)}
+        self.named = {n: p for n, p in self.model.named_parameters() if n in kinds}  # a tied head appears once
+        decay = [p for n, p in self.named.items() if decays(kinds[n])]
+        rest = [p for n, p in self.named.items() if not decays(kinds[n])]
+        groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        betas = (config.beta1, config.beta2)
+        self.optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps, foreach=False)
+
+    def step(self, ids: np.ndarray, attention_mask=None) -> float:
+        import torch
+
+        self.optimizer.zero_grad(set_to_none=True)
+        out = self.model(**_batch(self.spec, ids, None, attention_mask))
+        out.loss.backward()
+        if self.config.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(list(self.named.values()), self.config.max_grad_norm, foreach=False)
+        self.optimizer.step()
+        return float(out.loss.detach())
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        return {n: p.detach().float().numpy().copy() for n, p in self.named.items()}
+
+
 def hf_train(
     checkpoint: str | Path, batches: list[np.ndarray], config: AdamW, *, dtype: str, attention_mask=None
 ) -> tuple[list[float], dict[str, np.ndarray]]:
     """AdamW steps on transformers' model, one per batch: (losses, parameters by checkpoint name after)."""
-    import torch
-
-    model_spec = ModelSpec.from_pretrained(checkpoint)
-    model = load_hf(checkpoint, dtype)
-    kinds = {e.name: e.kind for e in param_table(model_spec)}
-    named = dict(model.named_parameters())
-    decay = [p for n, p in named.items() if decays(kinds[n])]
-    rest = [p for n, p in named.items() if not decays(kinds[n])]
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(
-        groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, foreach=False
-    )
-    losses = []
-    for ids in batches:
-        optimizer.zero_grad(set_to_none=True)
-        out = model(**_batch(model_spec, ids, None, attention_mask))
-        out.loss.backward()
-        if config.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(list(named.values()), config.max_grad_norm, foreach=False)
-        optimizer.step()
-        losses.append(float(out.loss.detach()))
-    params = {n: p.detach().float().numpy().copy() for n, p in named.items() if n in kinds}
-    return losses, params
+    trainer = HFTrainer(checkpoint, config, dtype=dtype)
+    losses = [trainer.step(ids, attention_mask) for ids in batches]
+    return losses, trainer.parameters()

@@ -1,0 +1,108 @@
+"""One training step (forward, loss, backward, AdamW) of the Qwen3-0.6B-shaped checkpoint at batch 1 x 256
+tokens: torch_impl, jax_impl and transformers (with torch.optim.AdamW), each in its own process.
+
+Prints, per framework, the median step time over the timed steps (after one warm-up step, which includes
+JAX's compilation), the ratio to transformers measured in the same run, and the process's peak RSS
+(ru_maxrss: weights, gradients, both Adam moments and the activations the backward keeps), against the
+floors of issue 14: step time <= 1.0x transformers', peak memory <= transformers' + 10%.
+
+    python benchmarks/train_step.py [--dtype float32|bfloat16] [--steps 3] [--tokens 256] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks import machine
+from benchmarks.qwen3_shape import qwen3_0_6b_checkpoint
+
+FRAMEWORKS = ("hf", "torch", "jax")
+
+
+def _one(framework: str, path: str, dtype: str, steps: int, tokens: int) -> dict:
+    """Run in a child process: warm-up + `steps` timed steps; returns the times and the peak RSS."""
+    import numpy as np
+
+    from spec.training import AdamW
+
+    config = AdamW(lr=1e-5)
+    ids = np.random.default_rng(0).integers(0, 151_936, (1, tokens))
+    if framework == "hf":
+        from parity.hf_training import HFTrainer
+
+        trainer = HFTrainer(path, config, dtype=dtype)
+        step = trainer.step
+    else:
+        import importlib
+
+        backend = importlib.import_module(f"{framework}_impl")
+        training = importlib.import_module(f"{framework}_impl.training")
+        model = backend.from_pretrained(path, dtype)
+        optimizer = training.make_optimizer(model, config)
+
+        def step(batch):
+            return training.train_step(model, optimizer, config, batch)
+
+    step(ids)  # warm-up: JAX compiles, torch allocates the Adam moments
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step(ids)
+        times.append(time.perf_counter() - start)
+    return {"step_s": times, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def measure(framework: str, path: Path, dtype: str, steps: int, tokens: int) -> dict:
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "from benchmarks.train_step import _one\n"
+        f"print(json.dumps(_one({framework!r}, {str(path)!r}, {dtype!r}, {steps}, {tokens})))\n"
+    )
+    print(f"[train_step] {framework}: {steps} timed steps after a warm-up ...", file=sys.stderr, flush=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{framework} failed:\n{result.stderr[-3000:]}")
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    out["median_step_s"] = statistics.median(out["step_s"])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    path = qwen3_0_6b_checkpoint(args.dtype)
+    print(machine.line())
+    rows = {f: measure(f, path, args.dtype, args.steps, args.tokens) for f in FRAMEWORKS}
+    hf = rows["hf"]
+    print(f"Qwen3-0.6B-shaped {args.dtype}, batch 1 x {args.tokens}, AdamW; medians of {args.steps} steps")
+    print(f"{'framework':>12} {'step s':>8} {'vs hf':>6} {'peak RSS GB':>12} {'vs hf':>6}")
+    for name, r in rows.items():
+        ratio, mem = r["median_step_s"] / hf["median_step_s"], r["peak_rss_gb"] / hf["peak_rss_gb"]
+        print(f"{name:>12} {r['median_step_s']:>8.2f} {ratio:>6.2f} {r['peak_rss_gb']:>12.2f} {mem:>6.2f}")
+    for name in ("torch", "jax"):
+        r = rows[name]
+        ok_time = r["median_step_s"] <= hf["median_step_s"]
+        ok_mem = r["peak_rss_gb"] <= 1.10 * hf["peak_rss_gb"]
+        print(f"floors {name}: step <= 1.0x hf {'met' if ok_time else 'NOT met'}; memory <= hf + 10% "
+              f"{'met' if ok_mem else 'NOT met'}")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine.describe(), "dtype": args.dtype, **rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -36,7 +36,9 @@ def _one(framework: str, path: str, dtype: str, steps: int, tokens: int) -> dict
     from spec.training import AdamW
 
     config = AdamW(lr=1e-5)
-    ids = np.random.default_rng(0).integers(0, 151_936, (1, tokens))
+    from spec import ModelSpec
+
+    ids = np.random.default_rng(0).integers(0, ModelSpec.from_pretrained(path).vocab_size, (1, tokens))
     if framework == "hf":
         from parity.hf_training import HFTrainer
 

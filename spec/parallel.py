@@ -136,4 +136,28 @@ def shard_of(array: np.ndarray, entry: ParamEntry, layout: ShardLayout | None) -
     return array[tuple(index)]
 
 
-__all__ = ["ShardLayout", "blocks", "check_tp_degree", "padded_vocab", "shard_of", "split_axis"]
+def gather_shards(shards: list[np.ndarray], entry: ParamEntry) -> np.ndarray:
+    """Every rank's slice of one checkpoint tensor (rank order) -> the whole tensor: the inverse of `shard_of`.
+
+    For gradients: a block that several ranks hold (a replicated kv head) receives the SUM of their slices,
+    since each replica's gradient comes from its own query heads; replicated tensors (norms) are the same
+    on every rank and are taken from rank 0; the vocabulary padding is dropped.
+    """
+    tp, axis = len(shards), split_axis(entry)
+    if axis is None or tp == 1:
+        return shards[0]
+    if entry.placement == VOCAB:
+        return np.concatenate(shards, axis=0)[: entry.shape[0]]
+    if entry.units % tp == 0:
+        return np.concatenate(shards, axis=axis)
+    width = entry.shape[axis] // entry.units
+    whole = np.zeros(entry.shape, np.result_type(*shards))
+    for rank, shard in enumerate(shards):
+        taken = blocks(entry.units, tp, rank)
+        index = [slice(None)] * whole.ndim
+        index[axis] = slice(taken.start * width, taken.stop * width)
+        whole[tuple(index)] += shard
+    return whole
+
+
+__all__ = ["ShardLayout", "blocks", "check_tp_degree", "gather_shards", "padded_vocab", "shard_of", "split_axis"]

@@ -15,7 +15,7 @@ import pytest
 
 import spec
 from spec import ConfigError
-from spec.parallel import ShardLayout, blocks, check_tp_degree, shard_of, split_axis
+from spec.parallel import ShardLayout, blocks, check_tp_degree, gather_shards, shard_of, split_axis
 from spec.params import COLUMN, REPLICATED, ROW, VOCAB
 from tests.specs import QWEN2_SINGLE_KV
 
@@ -143,3 +143,17 @@ def test_bad_degree_and_rank():
     odd = dataclasses.replace(QWEN2_SPEC, num_key_value_heads=2, num_attention_heads=6)
     with pytest.raises(ConfigError, match="num_key_value_heads=2"):
         check_tp_degree(odd, 3)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_gather_shards_inverts_shard_of(tp, qwen2_dir):
+    """Slices put back give the tensor; replicated kv heads' slices are summed (a gradient's replicas)."""
+    checkpoint = spec.Checkpoint(qwen2_dir)
+    layouts = [ShardLayout(QWEN2_SPEC, tp, r) for r in range(tp)]
+    for entry in spec.param_table(QWEN2_SPEC):
+        full = np.asarray(checkpoint.get(entry.name))
+        shards = [np.asarray(shard_of(full, entry, layout)) for layout in layouts]
+        whole = gather_shards(shards, entry)
+        split = split_axis(entry) is not None and entry.placement != VOCAB and entry.units % tp != 0
+        replicas = tp // entry.units if split else 1  # ranks holding each replicated block
+        np.testing.assert_allclose(whole, full * replicas, rtol=1e-6, err_msg=f"{entry.name} tp={tp}")

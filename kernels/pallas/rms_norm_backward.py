@@ -75,7 +75,10 @@ def _add_rms_norm_backward_kernel(
         plgpu.store(d_s_ref.at[window], d_s.astype(dtype), mask=mask)
         return dw
 
-    dw = lax.fori_loop(0, blocks_per_program, one_block, jnp.zeros((block_h,), jnp.float32))
+    dw = jnp.zeros((block_h,), jnp.float32)
+    # One block per program (any shape under _MAX_PROGRAMS row blocks) needs no loop: a smaller program, which
+    # halves the XLA compile of the interpreted kernel.
+    dw = one_block(0, dw) if blocks_per_program == 1 else lax.fori_loop(0, blocks_per_program, one_block, dw)
     plgpu.store(partial_ref.at[pl.ds(pid, 1), pl.ds(0, block_h)], dw[None, :], mask=col_ok[None, :])
 
 
@@ -168,6 +171,8 @@ def launch_backward(
             functools.partial(_sum_partials_kernel, n_partials=cfg["n_programs"], n_cols=n_cols),
             out_shape=jax.ShapeDtypeStruct(weight.shape, weight.dtype),
             grid=(pl.cdiv(n_cols, _SUM_BLOCK_COLS),),
+            # The Triton lowering, like every kernel here (without Triton's params Pallas picks Mosaic GPU).
+            compiler_params=plgpu.CompilerParams(num_warps=4),
             interpret=interpret_now,
             name="add_rms_norm_backward_sum_dw",
         )

@@ -144,7 +144,10 @@ class _AddRMSNormFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, d_out, d_new_residual=None):
         s, weight = ctx.saved_tensors
-        d_s, d_weight = launch_backward(s, weight, d_out, d_new_residual, ctx.eps)
+        if d_out is None:  # only the new residual was used: s's gradient is g_s alone, the weight gets none
+            d_s, d_weight = d_new_residual, None
+        else:
+            d_s, d_weight = launch_backward(s, weight, d_out, d_new_residual, ctx.eps)
         need_x, need_residual, need_weight = ctx.needs_input_grad[:3]
         # s = x + residual: both receive d_s itself (autograd adds into buffers out of place, never aliasing).
         return d_s if need_x else None, d_s if need_residual else None, d_weight if need_weight else None, None

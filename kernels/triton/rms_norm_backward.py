@@ -127,11 +127,11 @@ def _block_config(n_rows: int, n_cols: int) -> dict[str, int]:
 
 
 def launch_backward(
-    s: torch.Tensor, weight: torch.Tensor, d_out: torch.Tensor | None, d_new_residual: torch.Tensor | None, eps: float
+    s: torch.Tensor, weight: torch.Tensor, d_out: torch.Tensor, d_new_residual: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(d_s, d_weight) of add_rms_norm, from the normalized input s (the new residual, or x) and the cotangents.
 
-    s: [..., H]; weight: [H]; d_out, d_new_residual: like s, or None for a zero cotangent (an unused output).
+    s, d_out: [..., H]; weight: [H]; d_new_residual: like s, or None (no residual, or the new residual unused).
     Returns d_s shaped like s (contiguous) and d_weight [H], both in s's dtype.
     """
     for name, t in (("d_out", d_out), ("d_new_residual", d_new_residual)):
@@ -141,9 +141,6 @@ def launch_backward(
             )
     if weight.shape != s.shape[-1:] or weight.dtype != s.dtype:
         raise ValueError(f"add_rms_norm backward: weight is {weight.dtype}{tuple(weight.shape)}, s is {s.dtype}")
-    if d_out is None:  # out unused: s's only gradient is g_s, the weight gets none
-        d_s = d_new_residual.contiguous() if d_new_residual is not None else torch.zeros_like(s)
-        return d_s, torch.zeros_like(weight)
     check_launchable("add_rms_norm backward", _add_rms_norm_backward_kernel, s, weight, d_out, d_new_residual)
     n_cols = s.shape[-1]
     d_s = torch.empty(s.shape, dtype=s.dtype, device=s.device)

@@ -95,9 +95,11 @@ class Framework:
 
         return grads
 
+    # The fused gradients run under jit too (JAX): one compile of forward and backward kernels per shape, the
+    # way a jitted training step runs them; test_pallas_kernels.py covers the eager custom_vjp.
     @functools.cached_property
     def _add_rms_norm_fused_grads(self) -> Callable:
-        return self._rms_grads(self.ops.add_rms_norm)
+        return self.jit(self._rms_grads(self.ops.add_rms_norm))
 
     @functools.cached_property
     def _add_rms_norm_reference_grads(self) -> Callable:
@@ -105,7 +107,7 @@ class Framework:
 
     @functools.cached_property
     def _silu_and_mul_fused_grads(self) -> Callable:
-        return lambda x, d_out: self.vjp(self.ops.silu_and_mul, (x,), d_out)[0]
+        return self.jit(lambda x, d_out: self.vjp(self.ops.silu_and_mul, (x,), d_out)[0])
 
     @functools.cached_property
     def _silu_and_mul_reference_grads(self) -> Callable:

@@ -20,6 +20,7 @@ import pytest
 from kernels import KERNEL_CHOICES, resolve_kernels
 from tests.backends import to_numpy
 from tests.kernels.frameworks import DTYPES, EPS, WIDTHS, framework
+from tests.kernels.gradients import add_rms_norm_term_scales, silu_and_mul_term_scale
 from tests.kernels.tolerances import assert_within_tolerance, sample_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,8 +119,47 @@ def test_known_answer_in_both() -> None:
 
 def test_block_configs_are_twins() -> None:
     """Both kernels tile identically, so a GPU profile of one explains the other."""
-    for t, p in [(TRITON.rms_norm, PALLAS.rms_norm), (TRITON.swiglu, PALLAS.swiglu)]:
+    for t, p in [
+        (TRITON.rms_norm, PALLAS.rms_norm),
+        (TRITON.swiglu, PALLAS.swiglu),
+        (TRITON.swiglu_backward, PALLAS.swiglu_backward),
+    ]:
         assert all(t._block_config(width) == p._block_config(width) for width in (*WIDTHS, 9728, 65536))
+    # The backward's program count too: the weight gradient's partial sums are then added in the same groups.
+    t, p = TRITON.rms_norm_backward, PALLAS.rms_norm_backward
+    for rows in (1, 17, 257, 4099, 100_000):
+        assert all(t._block_config(rows, width) == p._block_config(rows, width) for width in (*WIDTHS, 9728))
+
+
+# Shapes of test_backward_kernels.py's cases, so that the interpreted Pallas kernels compile once for both files.
+@pytest.mark.parametrize(
+    ("dtype", "rows", "width", "with_residual"),
+    [("float32", 17, 897, True), ("bfloat16", 17, 1000, True), ("float16", 3, 1000, False)],
+)
+def test_triton_and_pallas_backward_agree(dtype: str, rows: int, width: int, with_residual: bool) -> None:
+    shape = (rows, width)
+    inputs = {
+        "x": sample_inputs(shape, 0, "x"),
+        "residual": sample_inputs(shape, 1, "residual") if with_residual else None,
+        "weight": sample_inputs((width,), 2, "weight"),
+        "d_out": sample_inputs(shape, 3, "cotangent"),
+        "d_new_residual": sample_inputs(shape, 4, "cotangent") if with_residual else None,
+    }
+    both = [_both(a, dtype) if a is not None else (None, None) for a in inputs.values()]
+    got_t = TRITON.add_rms_norm_grads(True, *(t for t, _ in both))
+    got_j = PALLAS.add_rms_norm_grads(True, *(j for _, j in both))
+    scale_s, scale_w = add_rms_norm_term_scales(*inputs.values(), dtype, EPS)
+    for quantity, t, j, scale in zip(
+        ("d_x", "d_residual", "d_weight"), got_t, got_j, (scale_s, scale_s, scale_w), strict=True
+    ):
+        if with_residual or quantity != "d_residual":
+            assert_within_tolerance(to_numpy(t), to_numpy(j), quantity, dtype, f"triton vs pallas {shape}", scale)
+
+    gate_up, d_out = sample_inputs((17, 2 * width), 7, "gate_up"), sample_inputs((17, width), 8, "cotangent")
+    (gt, gj), (dt, dj) = _both(gate_up, dtype), _both(d_out, dtype)
+    t, j = TRITON.silu_and_mul_grads(True, gt, dt), PALLAS.silu_and_mul_grads(True, gj, dj)
+    scale = silu_and_mul_term_scale(gate_up, d_out, dtype)
+    assert_within_tolerance(to_numpy(t), to_numpy(j), "d_gate_up", dtype, f"triton vs pallas {gate_up.shape}", scale)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy (and Triton's numpy interpreter) on overflow

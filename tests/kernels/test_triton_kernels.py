@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.backends import to_numpy
@@ -63,35 +64,65 @@ def test_non_contiguous_inputs() -> None:
     )
 
 
-@pytest.mark.parametrize(("dtype", "with_residual"), [("float32", True), ("bfloat16", False)])
-def test_add_rms_norm_gradients_match_reference(dtype: str, with_residual: bool) -> None:
-    def leaves(seed: int) -> list[torch.Tensor | None]:
-        x = _t(sample_inputs((3, 123), seed, "x"), dtype).requires_grad_()
-        r = _t(sample_inputs((3, 123), seed + 1, "residual"), dtype).requires_grad_() if with_residual else None
-        return [x, r, _t(sample_inputs((123,), seed + 2, "weight"), dtype).requires_grad_()]
+def _leaves(*arrays: torch.Tensor | None, grad: tuple[bool, ...] = (True, True, True)) -> list[torch.Tensor | None]:
+    return [a.clone().requires_grad_(g) if a is not None else None for a, g in zip(arrays, grad, strict=True)]
 
+
+def test_backward_with_unused_outputs_and_broadcast_cotangents() -> None:
+    """torch hands the backward None for an unused output and a stride-0 (expanded) cotangent for a .sum():
+    both run without materializing zeros or copies, and match the reference's gradients."""
+    x, residual = _t(sample_inputs((5, 123), 0, "x"), "float32"), _t(sample_inputs((5, 123), 1, "residual"), "float32")
+    weight = _t(sample_inputs((123,), 2, "weight"), "float32")
+    for use in ("out", "new_residual", "both"):
+        grads = []
+        for fn in (add_rms_norm, add_rms_norm_reference):
+            leaves = _leaves(x, residual, weight)
+            out, new_residual = fn(*leaves, EPS)
+            loss = {"out": out.sum(), "new_residual": new_residual.sum(), "both": out.sum() + 3 * new_residual.sum()}
+            loss[use].backward()
+            grads.append([leaf.grad for leaf in leaves])
+        for quantity, got, want in zip(("d_x", "d_residual", "d_weight"), *grads, strict=True):
+            if want is None:  # the weight has no gradient when only the new residual is used
+                assert got is None, (use, quantity)
+                continue
+            assert_within_tolerance(to_numpy(got), to_numpy(want), quantity, "float32", use)
+
+
+def test_backward_computes_only_what_is_asked() -> None:
+    """A frozen weight (requires_grad False) and a residual that needs no gradient get none."""
+    x, residual = _t(sample_inputs((3, 64), 0, "x"), "bfloat16"), _t(sample_inputs((3, 64), 1, "residual"), "bfloat16")
+    x_leaf, residual_leaf, weight_leaf = _leaves(
+        x, residual, _t(np.ones(64, np.float32), "bfloat16"), grad=(True, False, False)
+    )
+    out, _ = add_rms_norm(x_leaf, residual_leaf, weight_leaf, EPS)
+    out.float().square().sum().backward()
+    assert x_leaf.grad is not None and residual_leaf.grad is None and weight_leaf.grad is None
+
+
+def test_backward_reads_row_strided_inputs() -> None:
+    """Without a residual the backward reads x itself (saved as s): a column slice, through its row stride."""
+    wide = _t(sample_inputs((5, 300), 0, "x"), "float32")
+    weight = _t(sample_inputs((123,), 2, "weight"), "float32")
+    d_out = _t(sample_inputs((5, 123), 3, "cotangent"), "float32")
     grads = []
     for fn in (add_rms_norm, add_rms_norm_reference):
-        inputs = leaves(0)
-        outs = fn(*inputs, EPS)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        # Use every output, with different cotangents, so both outputs' gradients are checked.
-        loss = sum(
-            (o.float() * (k + 1) * torch.linspace(-1, 1, o.shape[-1], device=DEVICE)).sum() for k, o in enumerate(outs)
-        )
-        loss.backward()
-        grads.append([t.grad for t in inputs if t is not None])
-    for got, want in zip(*grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)  # backward *is* the reference's backward
+        wide_leaf, w = _leaves(wide, weight, grad=(True, True))
+        x = wide_leaf[:, 10:133]  # [5, 123], row stride 300
+        assert as_rows(x).data_ptr() == x.data_ptr()
+        fn(x, None, w, EPS).backward(d_out)
+        grads.append((wide_leaf.grad, w.grad))
+    for quantity, got, want in zip(("d_x", "d_weight"), *grads, strict=True):
+        assert_within_tolerance(to_numpy(got), to_numpy(want), quantity, "float32", "row-strided")
 
 
-def test_silu_and_mul_gradient_matches_reference() -> None:
-    grads = []
-    for fn in (silu_and_mul, silu_and_mul_reference):
-        x = _t(sample_inputs((3, 246), 0, "gate_up"), "float32").requires_grad_()
-        (fn(x) * torch.linspace(-1, 1, 123, device=DEVICE)).sum().backward()
-        grads.append(x.grad)
-    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+def test_backward_is_once_differentiable() -> None:
+    """The backward kernels have no backward of their own: asking for one is an error, not a silent zero."""
+    x = _t(sample_inputs((2, 8), 0, "x"), "float32").requires_grad_()
+    d_out = torch.ones(2, 8, device=DEVICE, requires_grad=True)  # a cotangent that itself needs a gradient
+    out = add_rms_norm(x, None, torch.ones(8, device=DEVICE), EPS)
+    (d_x,) = torch.autograd.grad(out, (x,), d_out, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        d_x.sum().backward()
 
 
 def test_float64_is_refused() -> None:
@@ -127,32 +158,57 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 arn = importlib.import_module("kernels.triton.rms_norm")
+arnb = importlib.import_module("kernels.triton.rms_norm_backward")
 sam = importlib.import_module("kernels.triton.swiglu")
+samb = importlib.import_module("kernels.triton.swiglu_backward")
 target = GPUTarget("cuda", 90, 32)  # sm_90 (Hopper): ptxas ships with triton, no GPU needed
+
+
+def compile(fn, ptrs, ints, consts, num_warps, floats=()):
+    sig = {**ptrs, **dict.fromkeys(ints, "i32"), **dict.fromkeys(floats, "fp32"), **dict.fromkeys(consts, "constexpr")}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts)
+    options = {"num_warps": num_warps, "enable_fp_fusion": False}
+    assert "cubin" in triton.compile(src, target=target, options=options).asm, fn
+
+
 for dtype, width in [("bf16", 123), ("fp16", 4096), ("fp32", 9728), ("bf16", 65536)]:
+    d = "*" + dtype
     cfg = arn._block_config(width)
-    ptrs = dict.fromkeys(["x_ptr", "residual_ptr", "weight_ptr", "out_ptr", "new_residual_ptr"], "*" + dtype)
-    ints = dict.fromkeys(["n_rows", "n_cols", "x_row_stride", "residual_row_stride"], "i32")
+    ptrs = dict.fromkeys(["x_ptr", "residual_ptr", "weight_ptr", "out_ptr", "new_residual_ptr"], d)
+    ints = ["n_rows", "n_cols", "x_row_stride", "residual_row_stride"]
     consts = {"HAS_RESIDUAL": True, "BLOCK_ROWS": cfg["BLOCK_ROWS"], "BLOCK_H": cfg["BLOCK_H"]}
-    sig = {**ptrs, **ints, "eps": "fp32", **dict.fromkeys(consts, "constexpr")}
-    src = triton.compiler.ASTSource(fn=arn._add_rms_norm_kernel, signature=sig, constexprs=consts)
-    options = {"num_warps": cfg["num_warps"], "enable_fp_fusion": False}
-    assert "cubin" in triton.compile(src, target=target, options=options).asm
-    cfg = sam._block_config(width)
-    consts = {"BLOCK_ROWS": cfg["BLOCK_ROWS"], "BLOCK_COLS": cfg["BLOCK_COLS"]}
-    sig = {"x_ptr": "*" + dtype, "out_ptr": "*" + dtype, "n_rows": "i32", "n_inter": "i32", "x_row_stride": "i32"}
-    sig.update(dict.fromkeys(consts, "constexpr"))
-    src = triton.compiler.ASTSource(fn=sam._silu_and_mul_kernel, signature=sig, constexprs=consts)
-    options = {"num_warps": cfg["num_warps"], "enable_fp_fusion": False}
-    assert "cubin" in triton.compile(src, target=target, options=options).asm
+    compile(arn._add_rms_norm_kernel, ptrs, ints, consts, cfg["num_warps"], floats=["eps"])
+
+    cfg = arnb._block_config(4099, width)
+    ptrs = {**dict.fromkeys(["s_ptr", "weight_ptr", "d_out_ptr", "d_new_residual_ptr", "d_s_ptr"], d)}
+    ptrs["partial_dw_ptr"] = "*fp32"
+    ints = ["n_rows", "n_cols", "s_row_stride", "d_out_row_stride", "d_new_residual_row_stride"]
+    consts = {"HAS_D_NEW_RESIDUAL": True, "BLOCK_ROWS": cfg["BLOCK_ROWS"], "BLOCK_H": cfg["BLOCK_H"]}
+    compile(arnb._add_rms_norm_backward_kernel, ptrs, [*ints, "blocks_per_program"], consts, cfg["num_warps"], ["eps"])
+    ptrs = {"partial_ptr": "*fp32", "out_ptr": d}
+    compile(arnb._sum_partials_kernel, ptrs, ["n_partials", "n_cols"], {"BLOCK_COLS": arnb._SUM_BLOCK_COLS}, 4)
+
+    for module, kernel, ptr_names, ints in [
+        (sam, sam._silu_and_mul_kernel, ["x_ptr", "out_ptr"], ["n_rows", "n_inter", "x_row_stride"]),
+        (
+            samb,
+            samb._silu_and_mul_backward_kernel,
+            ["x_ptr", "d_out_ptr", "d_x_ptr"],
+            ["n_rows", "n_inter", "x_row_stride", "d_out_row_stride"],
+        ),
+    ]:
+        cfg = module._block_config(width)
+        consts = {"BLOCK_ROWS": cfg["BLOCK_ROWS"], "BLOCK_COLS": cfg["BLOCK_COLS"]}
+        compile(kernel, dict.fromkeys(ptr_names, d), ints, consts, cfg["num_warps"])
 print("compiled")
 """
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU every other test already runs the compiled kernels")
 def test_kernels_compile_for_gpu() -> None:
-    """Compile (not run) both kernels to a cubin for sm_90, as a GPU would: the interpreter checks the math,
-    this checks that the same source passes Triton's compiler (power-of-two blocks, the bit-level rounding)."""
+    """Compile (not run) every kernel, forward and backward, to a cubin for sm_90, as a GPU would: the interpreter
+    checks the math, this checks that the same source passes Triton's compiler (power-of-two blocks, the
+    bit-level rounding, the backward's loop over row blocks)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_GPU], cwd=root, env=env, capture_output=True, text=True)

@@ -1,0 +1,180 @@
+"""jax_impl's decoder one piece at a time, straight from a checkpoint: for a layer-streamed parity check.
+
+Mirrors torch_impl/layerwise.py. `Layerwise` builds each piece from the classes the whole model is made of
+(`Embedding`, `DecoderLayer`, `RMSNorm`, `Linear`) abstractly (`nnx.eval_shape`), fills it from
+spec/layerwise.py (`runtime_params` restricted to the piece: validated, packed, scanned) as
+jax_impl/loader.py fills the whole model (Linear kernels transposed to Flax's [in, out]), runs it and drops
+it before the next piece loads:
+
+    embed(ids)             the embedding: a gather from the rows the ids read (rows[inverse] == E[ids])
+    run_layer(i, inputs)   decoder layer i, loaded once, run on each input (free-running, teacher-forced)
+    head(inputs)           the final norm, then the logits over the head's table in blocks of rows
+
+One compiled program per piece structure, reused: every decoder layer is built as layer 0 (the index only
+names trace entries, renamed after the run), so all layers share one graph and one compilation (two: layer
+0's input has no residual yet); the head's blocks share one (two: the last block is shorter). Between
+pieces only the activations at a layer boundary are kept: a `Boundary`, the (hidden, residual) pair of the
+dual-variable flow (docs/design.md, "The dual-variable flow").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_impl.decoder_layer import DecoderLayer
+from jax_impl.embedding import HIGHEST, Embedding
+from jax_impl.layernorm import RMSNorm
+from jax_impl.linear import Linear
+from jax_impl.loader import _FLAX_ATTR, DTYPES
+from jax_impl.model import causal_mask, default_positions
+from jax_impl.rotary_embedding import RotaryEmbedding
+from kernels import resolve_kernels
+from spec import InputError, ModelSpec, check_token_ids, dtype_name
+from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_params, module_param
+from spec.params import EMBEDDING, LINEAR, NORM
+
+Boundary = tuple[jax.Array, jax.Array | None]  # (hidden, residual); residual None before layer 0
+Trace = dict[str, jax.Array] | None
+_BUILT_AS = "layers.0."  # every layer is built as layer 0: its trace names are renamed to the real index
+
+
+@partial(jax.jit, static_argnames=("graphdef", "spec"))
+def _layer_program(
+    graphdef: nnx.GraphDef, state: nnx.State, hidden: jax.Array, residual: jax.Array | None, spec: ModelSpec
+) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+    """One decoder layer with the RoPE angles and causal mask `CausalLM.__call__` builds for unpadded ids."""
+    layer = nnx.merge(graphdef, state)
+    b, t = hidden.shape[:2]
+    key_valid = jnp.ones((b, t), bool)
+    cos, sin = RotaryEmbedding(spec)(default_positions(key_valid, 0, t))
+    trace: dict[str, jax.Array] = {}
+    hidden, residual, _ = layer(hidden, residual, cos, sin, causal_mask(key_valid, 0, t), None, trace)
+    return hidden, residual, trace
+
+
+@partial(jax.jit, static_argnames=("graphdef",))
+def _norm_program(graphdef: nnx.GraphDef, state: nnx.State, hidden: jax.Array, residual: jax.Array | None) -> jax.Array:
+    norm = nnx.merge(graphdef, state)
+    return norm(hidden) if residual is None else norm(hidden, residual)[0]  # consumes the last increment
+
+
+@partial(jax.jit, static_argnames=("graphdef",))
+def _head_program(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array) -> jax.Array:
+    head = nnx.merge(graphdef, state)
+    return head.attend(x) if isinstance(head, Embedding) else head(x)  # tied: x @ E^T, as CausalLM.logits
+
+
+class Layerwise:
+    """One checkpoint, one dtype: its pieces built and run on demand; `load_s` and `run_s` add up the time."""
+
+    def __init__(self, path: str | Path, dtype: jnp.dtype | str = "float32", *, kernels: str = "reference"):
+        self.directory = Path(path)
+        self.spec = ModelSpec.from_pretrained(path)
+        self.dtype = DTYPES[dtype_name(dtype)] if isinstance(dtype, str) else dtype
+        self.kernels = resolve_kernels(kernels, on_gpu=jax.default_backend() == "gpu")
+        self._embedded = False
+        self.load_s = self.run_s = 0.0
+
+    def _build(
+        self, make: Callable[[], nnx.Module], params: Iterable[tuple[str, str, str, np.ndarray]]
+    ) -> tuple[nnx.GraphDef, nnx.State]:
+        """`make()` built abstractly and filled from `params` (module path inside the piece, role, kind, array)
+        as jax_impl/loader.py fills the whole model; returns its (graph, state), every parameter filled."""
+        start = time.perf_counter()
+        module = nnx.eval_shape(make)
+        modules = {".".join(str(p) for p in path): m for path, m in nnx.iter_modules(module)}
+        for path, role, kind, array in params:
+            value = jnp.asarray(array.T if kind == LINEAR else array, dtype=self.dtype)  # [out, in] -> Flax [in, out]
+            param = getattr(modules[path], _FLAX_ATTR.get((kind, role), role))
+            if value.shape != param.shape:
+                raise AssertionError(f"{path}.{role}: packed shape {list(value.shape)} != {list(param.shape)}")
+            param.set_value(value)
+        graphdef, state = nnx.split(module)
+        unfilled = [k for k, v in nnx.to_flat_state(state) if not isinstance(v.get_value(), jax.Array)]
+        if unfilled:
+            raise AssertionError(f"parameters the checkpoint did not fill: {unfilled}")
+        self.load_s += time.perf_counter() - start
+        return graphdef, state
+
+    def _run(self, program: Callable, *args) -> object:
+        start = time.perf_counter()
+        out = jax.block_until_ready(program(*args))
+        self.run_s += time.perf_counter() - start
+        return out
+
+    def embed(self, ids: np.ndarray, trace: Trace = None) -> Boundary:
+        """The embedding of `ids` [B, T] (checked against the vocabulary first: jnp.take would clamp)."""
+        ids = check_token_ids(ids, self.spec)
+        rows, inverse = embedding_rows(self.directory, self.spec, ids)  # rows [U, H], inverse [B, T]
+        size = (rows.shape[0], self.spec.hidden_size)
+        graphdef, state = self._build(
+            lambda: Embedding(*size, dtype=self.dtype, rngs=nnx.Rngs(0)), [("", "weight", EMBEDDING, rows)]
+        )
+        hidden = self._run(lambda: nnx.merge(graphdef, state)(jnp.asarray(inverse, jnp.int32)))  # [B, T, H]
+        self._embedded = True
+        if trace is not None:
+            trace["embed"] = hidden
+        return hidden, None
+
+    def boundary(self, x: np.ndarray, *, first_layer: bool) -> Boundary:
+        """Another run's x at a layer boundary (float32 numpy of values in this dtype, so the cast is exact) as
+        this backend's layer input: (x, None) before layer 0 (x is the embedding); else (0, x), whose
+        add_rms_norm gives exactly x as the new residual, so the layer normalizes exactly x."""
+        array = jnp.asarray(np.asarray(x, dtype=np.float32), dtype=self.dtype)
+        return (array, None) if first_layer else (jnp.zeros_like(array), array)
+
+    def run_layer(self, index: int, inputs: Sequence[Boundary], traces: Sequence[Trace]) -> list[Boundary]:
+        """Load decoder layer `index`, run it on each input (recording into the matching trace), drop it."""
+        if not self._embedded:
+            raise InputError("run_layer before embed: a streamed forward starts with embed(ids)")
+        graphdef, state = self._build(
+            lambda: DecoderLayer(self.spec, 0, dtype=self.dtype, kernels=self.kernels, rngs=nnx.Rngs(0)),
+            layer_params(self.directory, self.spec, index),
+        )
+        outputs = []
+        for (hidden, residual), trace in zip(inputs, traces, strict=True):
+            hidden, residual, captured = self._run(_layer_program, graphdef, state, hidden, residual, self.spec)
+            if trace is not None:
+                name = f"layers.{index}."
+                trace.update({name + key.removeprefix(_BUILT_AS): value for key, value in captured.items()})
+            outputs.append((hidden, residual))
+        return outputs
+
+    def head(self, inputs: Sequence[Boundary], traces: Sequence[Trace]) -> list[jax.Array]:
+        """The final norm of each input (consuming the last increment), then its logits [B, T, V], the head's
+        table read in blocks of rows (spec/layerwise.py); returns the logits."""
+        h = self.spec.hidden_size
+        weight = module_param(self.directory, self.spec, final_norm_module(self.spec))
+        norm = self._build(
+            lambda: RMSNorm(h, self.spec.rms_norm_eps, dtype=self.dtype, kernels=self.kernels),
+            [("", "weight", NORM, weight)],
+        )
+        normed = [self._run(_norm_program, *norm, hidden, residual) for hidden, residual in inputs]  # [B, T, H]
+        blocks: list[list[jax.Array]] = [[] for _ in inputs]
+        for _start, kind, block in head_blocks(self.directory, self.spec):
+            n = block.shape[0]  # a block of the [V, H] table: n logits
+
+            def make(n: int = n, kind: str = kind) -> nnx.Module:
+                if kind == EMBEDDING:  # tied: the embedding's own attend, x @ E^T
+                    return Embedding(n, h, dtype=self.dtype, rngs=nnx.Rngs(0))
+                kw = dict(use_bias=False, dtype=self.dtype, param_dtype=self.dtype, precision=HIGHEST)
+                return Linear(h, n, **kw, rngs=nnx.Rngs(0))
+
+            head = self._build(make, [("", "weight", kind, block)])
+            for out, x in zip(blocks, normed, strict=True):
+                out.append(self._run(_head_program, *head, x))  # [B, T, n]
+            del head, block  # before the next block loads
+        logits = [jnp.concatenate(out, axis=-1) for out in blocks]  # [B, T, V]
+        for trace, final, full in zip(traces, normed, logits, strict=True):
+            if trace is not None:
+                trace["final_norm"] = final
+                trace["logits"] = full
+        return logits

@@ -1,0 +1,167 @@
+"""transformers as a streamed reference (`check --reference hf --stream`): its own classes, one layer at a time.
+
+The twin of torch_impl/layerwise.py and jax_impl/layerwise.py for transformers: the same pieces (embed,
+run_layer, head) from the same memory-mapped tensors (spec/layerwise.py), each built from transformers' own
+classes for the checkpoint's family, found by name in its modeling module (`Qwen3DecoderLayer`,
+`Qwen3RotaryEmbedding`, `Qwen3RMSNorm`, ...), and dropped before the next loads. Nothing of theirs is copied:
+a layer is one `XxxDecoderLayer(config, layer_idx)` given its checkpoint tensors by `load_state_dict`
+(strict), run with their rotary embedding module's (cos, sin) and the mask their `create_causal_mask` makes
+for the config, eager attention as in parity/hf_reference.py. The embedding and the head are the torch
+modules transformers' models use (`nn.Embedding`, `nn.Linear`), the head's table read in blocks of rows.
+
+Its trace holds what a whole transformers model exposes (parity/components.py: `hf_components`) and x2 of
+the last layer too; a `Boundary` is the hidden state x itself, which is what its layers pass on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from parity.hf_reference import _quiet_transformers, hf_available
+from spec import Checkpoint, InputError, ModelSpec, check_token_ids, param_table
+from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_prefix, module_param
+
+
+class HFLayerwise:
+    """transformers' pieces for one checkpoint and dtype, built and run on demand; `load_s`, `run_s` add up."""
+
+    def __init__(self, path: str | Path, dtype: str = "float32"):
+        if not hf_available():
+            raise InputError(
+                "--reference hf needs Hugging Face transformers, which is not installed "
+                "(pip install 'decoder-parity[hf]')"
+            )
+        import torch
+        from transformers import AutoConfig
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        self.torch = torch
+        self.directory = Path(path)
+        self.spec = ModelSpec.from_pretrained(path)
+        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        with _quiet_transformers(False):
+            try:
+                self.config = AutoConfig.from_pretrained(self.directory)
+            except (OSError, ValueError, KeyError) as err:
+                raise InputError(f"transformers cannot read the config of {self.directory}: {err}") from err
+        self.config._attn_implementation = "eager"  # transformers' plain reference attention (hf_reference.py)
+        family = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[self.config.model_type].removesuffix("ForCausalLM")  # "Qwen3"
+        modeling = importlib.import_module(
+            f"transformers.models.{self.config.model_type}.modeling_{self.config.model_type}"
+        )
+        self.layer_class = getattr(modeling, f"{family}DecoderLayer")
+        self.norm_class = getattr(modeling, f"{family}RMSNorm")
+        self.rotary = getattr(modeling, f"{family}RotaryEmbedding")(config=self.config)
+        self._rope: tuple | None = None  # (position embeddings, mask, position ids) of the batch
+        self.load_s = self.run_s = 0.0
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        start = time.perf_counter()
+        with self.torch.inference_mode():
+            yield
+        self.run_s += time.perf_counter() - start
+
+    def _tensor(self, array: np.ndarray):
+        """numpy (float32 / float16 / ml_dtypes.bfloat16) -> a torch tensor in this dtype with its own memory."""
+        if array.dtype.name == "bfloat16":  # numpy has no bfloat16: move the bits, reinterpret in torch
+            return self.torch.from_numpy(np.array(array).view(np.uint16)).view(self.torch.bfloat16).to(self.dtype)
+        return self.torch.from_numpy(np.array(array)).to(self.dtype)
+
+    def _empty(self, make):
+        """`make()` on the meta device, then allocated in this dtype without the random initialization."""
+        with self.torch.device("meta"):
+            module = make()
+        return module.to(self.dtype).to_empty(device="cpu").eval()
+
+    def _mask(self, hidden, position_ids):
+        """transformers' own causal mask for the config (eager), called with the arguments its version names."""
+        from transformers.masking_utils import create_causal_mask
+
+        names = inspect.signature(create_causal_mask).parameters
+        kwargs = {"config": self.config, "attention_mask": None, "position_ids": position_ids}
+        kwargs["inputs_embeds" if "inputs_embeds" in names else "input_embeds"] = hidden
+        kwargs["cache" if "cache" in names else "past_key_values"] = None
+        if "cache_position" in names:
+            kwargs["cache_position"] = self.torch.arange(hidden.shape[1])
+        return create_causal_mask(**kwargs)
+
+    def embed(self, ids: np.ndarray, trace: dict | None = None):
+        ids = check_token_ids(ids, self.spec)
+        torch = self.torch
+        start = time.perf_counter()
+        rows, inverse = embedding_rows(self.directory, self.spec, ids)  # rows [U, H], inverse [B, T]
+        table = self._empty(lambda: torch.nn.Embedding(*rows.shape))
+        with torch.no_grad():
+            table.weight.copy_(self._tensor(rows))
+        self.load_s += time.perf_counter() - start
+        with self._running():
+            hidden = table(torch.as_tensor(inverse))  # [B, T, H]
+            position_ids = torch.arange(ids.shape[1])[None]  # [1, T], as the model makes them
+            self._rope = (self.rotary(hidden, position_ids), self._mask(hidden, position_ids), position_ids)
+        if trace is not None:
+            trace["embed"] = hidden
+        return hidden
+
+    def boundary(self, x: np.ndarray, *, first_layer: bool):
+        """Another run's x at a layer boundary as this reference's layer input (transformers passes x itself)."""
+        return self.torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.dtype)
+
+    def run_layer(self, index: int, inputs: Sequence, traces: Sequence[dict | None]) -> list:
+        if self._rope is None:
+            raise InputError("run_layer before embed: a streamed forward starts with embed(ids)")
+        start = time.perf_counter()
+        prefix = layer_prefix(index)
+        checkpoint = Checkpoint(self.directory)  # its own maps, released with it; validated by the caller
+        names = [e.name for e in param_table(self.spec) if e.name.startswith(prefix)]
+        layer = self._empty(lambda: self.layer_class(self.config, layer_idx=index))
+        state = {name.removeprefix(prefix): self._tensor(checkpoint.get(name)) for name in names}
+        layer.load_state_dict(state, strict=True)  # every tensor of the layer, no other
+        del checkpoint, state
+        self.load_s += time.perf_counter() - start
+        position_embeddings, mask, position_ids = self._rope
+        outputs = []
+        with self._running():
+            for hidden, trace in zip(inputs, traces, strict=True):
+                out = layer(
+                    hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings
+                )
+                out = out[0] if isinstance(out, tuple) else out  # older versions return (hidden,)
+                if trace is not None:
+                    trace[f"layers.{index}.x2"] = out
+                outputs.append(out)
+        return outputs
+
+    def head(self, inputs: Sequence, traces: Sequence[dict | None]) -> list:
+        torch = self.torch
+        start = time.perf_counter()
+        norm = self._empty(lambda: self.norm_class(self.spec.hidden_size, eps=self.config.rms_norm_eps))
+        with torch.no_grad():
+            norm.weight.copy_(self._tensor(module_param(self.directory, self.spec, final_norm_module(self.spec))))
+        self.load_s += time.perf_counter() - start
+        with self._running():
+            normed = [norm(hidden) for hidden in inputs]  # [B, T, H]
+        blocks: list[list] = [[] for _ in inputs]
+        for _start, _kind, block in head_blocks(self.directory, self.spec):
+            start = time.perf_counter()
+            head = self._empty(lambda n=block.shape[0]: torch.nn.Linear(self.spec.hidden_size, n, bias=False))
+            with torch.no_grad():
+                head.weight.copy_(self._tensor(block))
+            self.load_s += time.perf_counter() - start
+            with self._running():
+                for out, x in zip(blocks, normed, strict=True):
+                    out.append(head(x))  # [B, T, rows]
+            del head, block
+        logits = [torch.cat(out, dim=-1) for out in blocks]  # [B, T, V]
+        for trace, final, full in zip(traces, normed, logits, strict=True):
+            if trace is not None:
+                trace["final_norm"] = final
+                trace["logits"] = full
+        return logits

@@ -33,7 +33,7 @@ from flax import nnx
 
 from spec.path_choice import PathChoice
 
-PATHS = PathChoice("jax_impl.linear", ("dot", "split"))  # the first is the plain path
+PATHS = PathChoice("jax_impl.linear", ("dot", "split", "pad"))  # the first is the plain path
 SPLIT_CHUNKS = 8  # row blocks of W in the split form
 CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight and has a choice; more keep the dot
 STREAM_BYTES = 256 << 20  # the weights one timing pass streams, more than a core's share of cache
@@ -41,31 +41,47 @@ MAX_COPIES = 16  # at most this many distinct weights per pass: small products s
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
-def has_choice(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=None) -> bool:
-    """True when `dot_general` chooses between the single dot and the split contraction for this product:
-    nnx.Linear's x[..., in] @ W[in, out], float32 or bfloat16, few token rows, in-features that split into
-    SPLIT_CHUNKS equal blocks, unsharded, on the CPU."""
-    linear_form = dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ()))  # nnx.Linear's: x[..., in] @ W[in, out]
-    return (
-        linear_form
-        and rhs.ndim == 2
+def _contracted(lhs: jax.Array, rhs: jax.Array, dimension_numbers) -> int | None:
+    """0 for nnx.Linear's x[..., in] @ W[in, out], 1 for x[..., in] @ W[out, in]^T (a tied head), else None."""
+    for axis in (0, 1):
+        if rhs.ndim == 2 and dimension_numbers == (((lhs.ndim - 1,), (axis,)), ((), ())):
+            return axis
+    return None
+
+
+def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=None) -> tuple[str, ...]:
+    """The forms that can compute this product, the single dot first; more than one only on the CPU, for
+    float32 or bfloat16 products of at most CHOICE_MAX_ROWS token rows, unsharded.
+
+    split: x @ W[in, out] with in-features that make SPLIT_CHUNKS equal blocks; pad: a single row."""
+    axis = _contracted(lhs, rhs, dimension_numbers)
+    rows = math.prod(lhs.shape[:-1])
+    if not (
+        axis is not None
         and out_sharding is None
         and lhs.dtype == rhs.dtype
         and jnp.dtype(lhs.dtype) in DTYPES
-        and math.prod(lhs.shape[:-1]) <= CHOICE_MAX_ROWS  # token rows
-        and rhs.shape[0] % SPLIT_CHUNKS == 0
+        and rows <= CHOICE_MAX_ROWS
         and jax.default_backend() == "cpu"
         and jax.sharding.get_abstract_mesh().empty  # under a mesh the partitioner owns the product's layout
-    )
+    ):
+        return ("dot",)
+    split = ("split",) if axis == 0 and rhs.shape[0] % SPLIT_CHUNKS == 0 else ()
+    return ("dot", *split, *(("pad",) if rows == 1 else ()))
 
 
-def _single(lhs: jax.Array, rhs: jax.Array, precision, preferred_element_type) -> jax.Array:
-    dims = (((lhs.ndim - 1,), (0,)), ((), ()))
+def has_choice(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=None) -> bool:
+    """True when `dot_general` chooses among forms for this product (forms_for names them)."""
+    return len(forms_for(lhs, rhs, dimension_numbers, out_sharding)) > 1
+
+
+def _single(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_element_type) -> jax.Array:
+    dims = (((lhs.ndim - 1,), (axis,)), ((), ()))
     return jax.lax.dot_general(lhs, rhs, dims, precision=precision, preferred_element_type=preferred_element_type)
 
 
-def _split(lhs: jax.Array, rhs: jax.Array, precision, preferred_element_type) -> jax.Array:
-    k, n, c = rhs.shape[0], rhs.shape[1], SPLIT_CHUNKS
+def _split(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_element_type) -> jax.Array:
+    k, n, c = rhs.shape[0], rhs.shape[1], SPLIT_CHUNKS  # axis 0 only
     x = lhs.reshape(-1, c, k // c)  # [m, c, in/c]
     w = rhs.reshape(c, k // c, n)  # [c, in/c, out]: row blocks of W, no copy
     partial = jnp.einsum("mck,ckn->cmn", x, w, precision=precision, preferred_element_type=jnp.float32)  # [c, m, out]
@@ -73,42 +89,55 @@ def _split(lhs: jax.Array, rhs: jax.Array, precision, preferred_element_type) ->
     return out.astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], n)  # [..., out]
 
 
-FORMS = {"dot": _single, "split": _split}
+def _pad(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_element_type) -> jax.Array:
+    x = lhs.reshape(1, -1)  # [1, in]
+    x2 = jnp.concatenate([x, jnp.zeros_like(x)])  # [2, in]: a matrix product, not XLA's matrix-vector one
+    dims = (((1,), (axis,)), ((), ()))
+    out = jax.lax.dot_general(x2, rhs, dims, precision=precision, preferred_element_type=jnp.float32)  # [2, out]
+    return out[:1].astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], -1)  # [..., out]
+
+
+FORMS = {"dot": _single, "split": _split, "pad": _pad}
 
 
 @functools.cache
-def _programs(precision, preferred_element_type) -> dict[str, Callable]:
+def _programs(axis: int, precision, preferred_element_type) -> dict[str, Callable]:
     """Each form as its own jitted program (one compilation per shape), for timing outside the caller's trace."""
-    return {
-        name: jax.jit(functools.partial(form, precision=precision, preferred_element_type=preferred_element_type))
-        for name, form in FORMS.items()
-    }
+    kw = dict(axis=axis, precision=precision, preferred_element_type=preferred_element_type)
+    return {name: jax.jit(functools.partial(form, **kw)) for name, form in FORMS.items()}
 
 
-def _candidates(rows: int, k: int, n: int, dtype, precision, preferred_element_type) -> dict[str, Callable]:
-    """One timing pass per form: the product of `rows` rows over `copies` distinct [k, n] weights."""
+def _candidates(forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], dtype, axis: int, precision,
+                preferred_element_type) -> dict[str, Callable]:  # fmt: skip
+    """One timing pass per form: the product of `rows` rows over `copies` distinct weights of rhs's shape."""
     dtype = jnp.dtype(dtype)
-    copies = min(MAX_COPIES, max(1, -(-STREAM_BYTES // (k * n * dtype.itemsize))))
+    k = rhs_shape[axis]
+    copies = min(MAX_COPIES, max(1, -(-STREAM_BYTES // (math.prod(rhs_shape) * dtype.itemsize))))
     with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
         x = jnp.asarray(np.ones((rows, k), dtype))
-        weights = [jnp.asarray(np.full((k, n), 1 + i, dtype)) for i in range(copies)]  # distinct buffers
+        weights = [jnp.asarray(np.full(rhs_shape, 1 + i, dtype)) for i in range(copies)]  # distinct buffers
 
     def run(program: Callable) -> None:
         with jax.ensure_compile_time_eval():
             jax.block_until_ready([program(x, w) for w in weights])
 
-    programs = _programs(precision, preferred_element_type)
-    return {name: functools.partial(run, program) for name, program in programs.items()}
+    programs = _programs(axis, precision, preferred_element_type)
+    return {name: functools.partial(run, programs[name]) for name in forms}
 
 
 def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, preferred_element_type=None,
             out_sharding=None) -> str:  # fmt: skip
     """The form `dot_general` takes for these operands (abstract or concrete): forced, chosen before, or measured."""
-    if not has_choice(lhs, rhs, dimension_numbers, out_sharding):
+    forms = forms_for(lhs, rhs, dimension_numbers, out_sharding)
+    if len(forms) == 1:
         return "dot"
-    rows, (k, n) = math.prod(lhs.shape[:-1]), rhs.shape
-    key = (rows, k, n, jnp.dtype(lhs.dtype).name)
-    return PATHS.choose(key, lambda: _candidates(rows, k, n, lhs.dtype, precision, preferred_element_type))
+    axis, rows = _contracted(lhs, rhs, dimension_numbers), math.prod(lhs.shape[:-1])
+    forced = PATHS.forced_path()
+    if forced is not None:
+        return forced if forced in forms else "dot"
+    key = (rows, rhs.shape[axis], rhs.shape[1 - axis], jnp.dtype(lhs.dtype).name, "x@W" if axis == 0 else "x@W^T")
+    measure = functools.partial(_candidates, forms, rows, rhs.shape, lhs.dtype, axis, precision, preferred_element_type)
+    return PATHS.choose(key, measure)
 
 
 def dot_general(
@@ -121,14 +150,16 @@ def dot_general(
     *,
     path: str | None = None,
 ) -> jax.Array:
-    """jax.lax.dot_general, except that x[..., in] @ W[in, out] with few rows takes the form chosen for its
-    shape (`path`: "dot" or "split" pins one where the choice applies; None takes the measured one)."""
+    """jax.lax.dot_general, except that x[..., in] @ W[in, out] (or W[out, in]^T) with few rows takes the form
+    chosen for its shape. `path` ("dot", "split", "pad") pins a form where it applies (else the single dot);
+    None takes the measured one."""
     if path is None:
         path = path_of(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding)
-    elif PATHS.check(path) == "split" and not has_choice(lhs, rhs, dimension_numbers, out_sharding):
-        path = "dot"  # another form of product, or one that cannot split: only the single dot applies
-    if path == "split":
-        return _split(lhs, rhs, precision, preferred_element_type)
+    elif PATHS.check(path) not in forms_for(lhs, rhs, dimension_numbers, out_sharding):
+        path = "dot"
+    if path != "dot":
+        axis = _contracted(lhs, rhs, dimension_numbers)
+        return FORMS[path](lhs, rhs, axis, precision, preferred_element_type)
     return jax.lax.dot_general(
         lhs,
         rhs,
@@ -137,6 +168,12 @@ def dot_general(
         preferred_element_type=preferred_element_type,
         out_sharding=out_sharding,
     )
+
+
+def product(x: jax.Array, weight: jax.Array, precision=None) -> jax.Array:
+    """x [..., in] @ weight[out, in]^T -> [..., out] in the form chosen for its shape: a tied head's logits
+    (the embedding table [V, H] is such a weight) take the same choice as the Linear products."""
+    return dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())), precision=precision)
 
 
 class Linear(nnx.Linear):

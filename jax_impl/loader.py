@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from jax_impl import tensor_parallel
 from jax_impl.model import CausalLM
 from jax_impl.vocab_parallel import MODEL
-from spec import Checkpoint, ModelSpec, runtime_groups, runtime_params
+from spec import Checkpoint, ModelSpec, dtype_name, runtime_groups, runtime_params
 from spec.generation import eos_token_ids
 from spec.parallel import ShardLayout
 from spec.params import LINEAR
@@ -44,9 +44,10 @@ def from_pretrained(
 
     With a `mesh` (jax_impl/tensor_parallel.py) every parameter is placed shard by shard over its "model" axis.
     """
-    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    dtype = DTYPES[dtype_name(dtype)] if isinstance(dtype, str) else dtype
     spec = ModelSpec.from_pretrained(path)
     checkpoint = Checkpoint(path)
+    checkpoint.validate(spec)  # from the headers, before any allocation: a config that claims 10**7 layers fails here
     tp = 1 if mesh is None else mesh.shape[MODEL]
     ShardLayout(spec, tp)  # refuses a degree that does not fit, before anything is built
     model = nnx.eval_shape(lambda: CausalLM(spec, dtype=dtype, kernels=kernels, tp=tp, rngs=nnx.Rngs(0)))

@@ -24,7 +24,7 @@ from jax_impl.linear import Linear
 from jax_impl.rotary_embedding import RotaryEmbedding
 from jax_impl.vocab_parallel import mask_padding
 from kernels import resolve_kernels
-from spec import InputError, ModelSpec, check_token_ids
+from spec import ModelSpec, check_attention_mask, check_positions, check_token_ids
 from spec.parallel import ShardLayout
 
 if TYPE_CHECKING:
@@ -147,21 +147,16 @@ class CausalLM(nnx.Module):
         attention_mask [B, T] marks real tokens (1) and padding (0); `trace`, a dict, receives the named
         intermediates (parity/), computed in the same compiled program.
         """
-        ids = check_token_ids(np.asarray(input_ids), self.spec)
+        ids = check_token_ids(input_ids, self.spec)  # the checks both backends share (spec/inputs.py)
         b, t = ids.shape
-        if attention_mask is None:
-            key_valid = np.ones((b, t), bool)
-        else:
-            key_valid = np.asarray(attention_mask).astype(bool)
-            if key_valid.shape != (b, t):
-                raise InputError(f"attention_mask has shape {list(key_valid.shape)}, expected [{b}, {t}]")
+        key_valid = np.ones((b, t), bool) if attention_mask is None else check_attention_mask(attention_mask, b, t)
         graphdef, state = nnx.split(self)
         logits, captured = forward(
             graphdef,
             state,
             jnp.asarray(ids, jnp.int32),
             key_valid,
-            None if positions is None else jnp.asarray(positions, jnp.int32),
+            None if positions is None else jnp.asarray(check_positions(positions, self.spec, b, t), jnp.int32),
             last_only=last_only,
             trace=trace is not None,
         )

@@ -17,11 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jax_impl.model import CausalLM, causal_mask, default_positions
+from jax_impl.vocab_parallel import DATA, vocab_parallel_cross_entropy
 from spec import InputError, check_token_ids
+from spec.parallel import split_axis
 from spec.params import LINEAR, runtime_groups
-from spec.training import IGNORE_INDEX, AdamW, check_labels, checkpoint_grads, decays
+from spec.training import IGNORE_INDEX, AdamW, check_labels, decays, gather_checkpoint_grads
 
 _FLAX_ROLE = {"kernel": "weight", "bias": "bias", "weight": "weight"}  # Flax attribute -> the table's role
 
@@ -54,12 +58,16 @@ def _nll_bwd(residuals, grad):
 _mean_nll.defvjp(_nll_fwd, _nll_bwd)
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+def cross_entropy(logits: jax.Array, labels: jax.Array, tp: int = 1) -> jax.Array:
     """logits [B, T, V], labels [B, T] (-100: not counted) -> the mean next-token loss (float32 scalar).
 
     Logits at t predict labels at t + 1: the labels move left by one and the last position counts nothing.
+    With tp > 1 the logits are vocabulary-sharded on a mesh and the loss never gathers them
+    (vocab_parallel.py).
     """
     targets = jnp.concatenate([labels[:, 1:], jnp.full_like(labels[:, :1], IGNORE_INDEX)], axis=1)  # [B, T]
+    if tp > 1:
+        return vocab_parallel_cross_entropy(logits, targets)
     return _mean_nll(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
@@ -67,7 +75,7 @@ def _loss_of(graphdef, params, rest, ids, key_valid, labels):
     model = nnx.merge(graphdef, params, rest)
     t = ids.shape[1]
     logits, _ = model.logits(ids, default_positions(key_valid, 0, t), causal_mask(key_valid, 0, t))
-    return cross_entropy(logits, labels)
+    return cross_entropy(logits, labels, model.layout.tp)
 
 
 @partial(jax.jit, static_argnames=("graphdef",))
@@ -77,8 +85,6 @@ def _value_and_grad(graphdef, params, rest, ids, key_valid, labels):
 
 
 def _batch(model: CausalLM, input_ids, labels, attention_mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    if model.layout.tp > 1:
-        raise InputError("loss_and_grads on a tensor-parallel JAX model is not supported (use tp=1)")
     ids = check_token_ids(np.asarray(input_ids), model.spec)
     counted = check_labels(labels, ids, model.spec, attention_mask)
     key_valid = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
@@ -93,14 +99,23 @@ def _runtime_key(path: tuple) -> tuple[str, str]:
 
 
 def _checkpoint_layout(model: CausalLM, state: nnx.State) -> dict[str, np.ndarray]:
-    """Param-shaped values (gradients or parameters) -> checkpoint names, float32 numpy, torch layout."""
-    kinds = {key: entries[0].kind for key, entries in runtime_groups(model.spec).items()}
-    runtime = {}
+    """Param-shaped values (gradients or parameters) -> checkpoint names, float32 numpy, torch layout.
+
+    A tensor-parallel model's arrays hold every rank's slice side by side along the split axis: cut into the
+    ranks' slices, they are put back together as spec.training.gather_checkpoint_grads does for torch ranks.
+    """
+    groups, tp = runtime_groups(model.spec), model.layout.tp
+    per_rank: list[dict] = [{} for _ in range(tp)]
     for path, value in nnx.to_flat_state(state):
         key = _runtime_key(path)
+        entry = groups[key][0]
         array = np.asarray(value[...] if hasattr(value, "get_value") else value, dtype=np.float32)
-        runtime[key] = array.T if kinds[key] == LINEAR else array  # Flax [in, out] -> [out, in]
-    return checkpoint_grads(model.spec, runtime)
+        array = array.T if entry.kind == LINEAR else array  # Flax [in, out] -> [out, in]
+        axis = split_axis(entry)
+        slices = [array] * tp if axis is None else np.split(array, tp, axis=axis)
+        for rank in range(tp):
+            per_rank[rank][key] = slices[rank]
+    return gather_checkpoint_grads(model.spec, per_rank)
 
 
 def loss_and_grads(
@@ -112,7 +127,14 @@ def loss_and_grads(
     """(loss, gradients keyed by checkpoint tensor name, float32 numpy in the checkpoint's [out, in] layout)."""
     ids, key_valid, counted = _batch(model, input_ids, labels, attention_mask)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    value, grads = _value_and_grad(graphdef, params, rest, ids, key_valid, counted)
+    if model.layout.tp == 1:
+        value, grads = _value_and_grad(graphdef, params, rest, ids, key_valid, counted)
+    else:  # under the mesh the parameters live on; the batch's rows over its "data" axis
+        mesh = model.model.embed_tokens.weight[...].sharding.mesh
+        rows = NamedSharding(mesh, P(DATA, None))
+        with jax.set_mesh(mesh):
+            batch = [jax.device_put(a, rows) for a in (ids, key_valid, counted)]
+            value, grads = _value_and_grad(graphdef, params, rest, *batch)
     return float(value), _checkpoint_layout(model, grads)
 
 
@@ -169,6 +191,8 @@ def train_step(
 
     `config` is the one the optimizer was made from (the same signature as torch_impl.train_step).
     """
+    if model.layout.tp > 1:
+        raise InputError("train_step on a tensor-parallel model is not supported yet (loss_and_grads is)")
     ids, key_valid, counted = _batch(model, input_ids, labels, attention_mask)
     return float(_step(model, optimizer, ids, key_valid, counted))
 

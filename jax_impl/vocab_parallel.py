@@ -59,3 +59,43 @@ def greedy_token(logits: jax.Array) -> jax.Array:
         return jax.lax.pmin(candidate, MODEL)
 
     return jax.shard_map(local, in_specs=P(DATA, MODEL), out_specs=P(DATA))(logits)
+
+
+def vocab_parallel_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean cross-entropy of vocabulary-sharded logits [B, T, V_pad] against targets [B, T] (-100: not counted),
+    without gathering the vocabulary: per shard the local max, then a max across shards; the local sum of
+    exponentials, then a sum; the target's logit from the shard that owns it, then a sum. The backward is
+    local too: softmax minus the one-hot of the shard's own ids. Twin of torch_impl/vocab_parallel.py's."""
+    specs = dict(in_specs=(P(DATA, None, MODEL), P(DATA, None)), out_specs=P())
+    return jax.shard_map(_vocab_parallel_nll, **specs)(logits, targets)
+
+
+@jax.custom_vjp
+def _vocab_parallel_nll(shard: jax.Array, targets: jax.Array) -> jax.Array:
+    return _vp_fwd(shard, targets)[0]
+
+
+def _vp_fwd(shard, targets):
+    width = shard.shape[-1]
+    x = shard.astype(jnp.float32)  # [b, T, V/tp]
+    top = jax.lax.pmax(jnp.max(x, axis=-1), MODEL)  # [b, T]
+    lse = top + jnp.log(jax.lax.psum(jnp.exp(x - top[..., None]).sum(-1), MODEL))  # [b, T]
+    local = targets - jax.lax.axis_index(MODEL) * width
+    owned = (local >= 0) & (local < width)
+    picked = jnp.take_along_axis(x, jnp.clip(local, 0, width - 1)[..., None], axis=-1)[..., 0]
+    target = jax.lax.psum(jnp.where(owned, picked, 0.0), MODEL)  # [b, T]: from the owning shard
+    counted = targets != -100
+    count = jax.lax.psum(counted.sum(), DATA)
+    value = jax.lax.psum(jnp.where(counted, lse - target, 0.0).sum(), DATA) / count
+    return value, (shard, local, owned, counted, lse, count)
+
+
+def _vp_bwd(residuals, grad):
+    shard, local, owned, counted, lse, count = residuals
+    p = jnp.exp(shard.astype(jnp.float32) - lse[..., None])  # [b, T, V/tp], this shard's softmax
+    onehot = (jnp.arange(shard.shape[-1]) == local[..., None]) & owned[..., None]
+    scale = jnp.where(counted, grad / count, 0.0)[..., None]
+    return ((p - onehot) * scale).astype(shard.dtype), None
+
+
+_vocab_parallel_nll.defvjp(_vp_fwd, _vp_bwd)

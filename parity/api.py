@@ -79,6 +79,7 @@ def check(
     grad: bool = False,
     steps: int = 0,
     optimizer: AdamW | None = None,
+    stream: bool | None = None,
 ) -> Report:
     """Run torch and jax on the same weights and ids and compare them component by component.
 
@@ -90,13 +91,25 @@ def check(
     receives one line per stage. tp > 1: also run both backends tensor-parallel on tp devices and compare
     their logits with the unsharded runs and with each other. grad: compare the loss and every parameter
     gradient instead of the forward components (parity/gradients.py); steps > 0: also run that many AdamW
-    steps (settings: `optimizer`, default spec.training.AdamW()) and compare the parameters. Raises
-    spec.DecoderParityError for bad input.
+    steps (settings: `optimizer`, default spec.training.AdamW()) and compare the parameters. stream: True runs
+    the layer-streamed check (parity/stream.py: one layer's weights in memory at a time, free-running and
+    teacher-forced), False the whole-model one, None (default) streams when the whole-model check would not fit
+    in the memory available (parity/memory.py). Raises spec.DecoderParityError for bad input.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise InputError(f"steps must be a non-negative integer, got {steps!r}")
-    if (grad or steps) and tp > 1:
-        raise InputError("--grad / --steps with --tp is not supported: the vocabulary-parallel loss is not built yet")
+    if steps and tp > 1:
+        raise InputError("--steps with --tp is not supported yet (--grad --tp is: the vocabulary-parallel loss)")
+    if stream and tp > 1:
+        raise InputError(
+            "--stream with --tp is not supported: the streamed check runs each framework unsharded, one layer at a "
+            "time; drop --tp (or --stream, to compare sharded logits on a model that fits)"
+        )
+    if stream and (grad or steps):
+        raise InputError(
+            "--stream with --grad / --steps is not supported: a backward pass needs every layer's activations "
+            "and weights at once; drop --stream"
+        )
     request = validate_request(
         checkpoint, dtype, kernels, reference, ids, prompt, seq_len, batch, seed, baseline, tp
     )  # fmt: skip
@@ -106,6 +119,14 @@ def check(
         from parity.gradients import grad_report
 
         return grad_report(request, steps, optimizer, say)
+    if stream is None and tp == 1:
+        from parity.memory import should_stream
+
+        stream = should_stream(request, say)
+    if stream:
+        from parity.stream import StreamedRun
+
+        return StreamedRun(request, progress, say).report()
     return _Run(request, progress, say).report()
 
 

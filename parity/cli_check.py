@@ -77,6 +77,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="with --grad: also run N AdamW steps in each framework and compare the parameters (implies --grad)",
     )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="hold one decoder layer's weights at a time (an 8B model in a few GB), free-running and teacher-forced; "
+        "chosen on its own when the whole-model check would not fit in memory",
+    )
     p.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     p.add_argument("--plot", metavar="PATH", help="plot the residual stream's error per layer (png/svg/pdf)")
     p.add_argument("--tolerances", action="store_true", help="print the tolerance table with its reasons and exit")
@@ -125,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             tp=args.tp,
             grad=args.grad or args.steps > 0,
             steps=args.steps,
+            stream=True if args.stream else None,
         )
     print(report.format())
     if args.json:

@@ -187,6 +187,22 @@ def compare_steps(test: tuple, ref: tuple, before: dict[str, np.ndarray], labels
     return StepResult(labels[0], labels[1], test_losses, ref_losses, rel, STEP_RMS_REL[dtype])
 
 
+def _tensor_parallel(r, runs: dict, say: Callable[[str], None]) -> list[Comparison]:
+    """Both backends' loss and gradients from vocabulary-sharded logits, against each other and unsharded."""
+    from parity.tensor_parallel import jax_tp_grads, torch_tp_grads
+
+    say(f"torch {r.dtype}: loss and gradients tensor-parallel over {r.tp} gloo processes")
+    sharded = {"torch": torch_tp_grads(r.directory, r.ids, r.tp, r.dtype)}
+    say(f"jax {r.dtype}: loss and gradients tensor-parallel over a {r.tp}-device mesh")
+    sharded["jax"] = jax_tp_grads(r.directory, r.ids, r.tp, r.dtype)
+    torch_tp, jax_tp = f"torch/tp{r.tp}", f"jax/tp{r.tp}"
+    return [
+        compare_grads(sharded["torch"], sharded["jax"], (torch_tp, jax_tp), r.spec, r.dtype),
+        compare_grads(sharded["torch"], runs["torch"], (torch_tp, "torch"), r.spec, r.dtype),
+        compare_grads(sharded["jax"], runs["jax"], (jax_tp, "jax"), r.spec, r.dtype),
+    ]
+
+
 def grad_report(request, steps: int, config: AdamW | None, say: Callable[[str], None]) -> GradReport:
     """The gradient check of a validated request (parity/api.py)."""
     r, spec = request, request.spec
@@ -200,6 +216,8 @@ def grad_report(request, steps: int, config: AdamW | None, say: Callable[[str], 
     if r.reference == "hf":
         for backend in ("torch", "jax"):
             comparisons.append(compare_grads(runs[backend], runs["hf"], (backend, "hf"), spec, r.dtype))
+    if r.tp > 1:
+        comparisons += _tensor_parallel(r, runs, say)
     step_results = []
     if steps:
         rng = np.random.default_rng(0)

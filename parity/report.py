@@ -3,6 +3,9 @@
 `comparisons` carry the verdict (torch vs jax, and each backend vs transformers with `--reference hf`);
 `drift` is informational: each backend at the chosen dtype against its own float32 run, i.e. what the
 low-precision dtype itself costs (what --plot draws). Drift has no verdict: two correct models drift alike.
+A streamed check (`mode="streamed"`, parity/stream.py) also carries `teacher_forced`: the same comparisons with
+every layer given the teacher's input, which localize a divergence (a column beside the free-running numbers)
+and have no verdict either.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ class Report:
     drift: list[Comparison] = field(default_factory=list)
     timings: dict[str, dict[str, float]] = field(default_factory=dict)  # capture label -> load_s, run_s
     ids: list[list[int]] | None = None  # kept when small, so a JSON report can be replayed
+    teacher_forced: list[Comparison] = field(default_factory=list)  # streamed: each piece given the teacher's x
+    teacher: str | None = None  # streamed: the run whose x the teacher-forced pieces get ("torch" or "hf")
+    mode: str = "whole"  # "whole" (every model whole, one at a time) or "streamed" (one layer at a time)
 
     @property
     def num_layers(self) -> int:
@@ -77,6 +83,29 @@ class Report:
         comparison, result = failure
         return f"FAIL ({where}): first divergence at {result.name} ({comparison.label}): {result.reason}"
 
+    def forced_failures(self) -> list[ComponentResult]:
+        """The teacher-forced results outside tolerance, over every comparison, in forward order."""
+        order = {name: k for k, name in enumerate(component_order(self.num_layers))}
+        failed = [r for c in self.teacher_forced for r in c.results if not r.passed]
+        return sorted(failed, key=lambda r: order.get(r.name, len(order)))
+
+    def forced_pieces(self) -> list[str]:
+        """The pieces (embed, "layers.i", head) holding a teacher-forced failure: where the divergence enters."""
+        pieces = [
+            ".".join(r.name.split(".")[:2]) if r.name.startswith("layers.") else r.name for r in self.forced_failures()
+        ]
+        return list(dict.fromkeys("head" if p in ("final_norm", "logits") else p for p in pieces))
+
+    def forced_line(self) -> str | None:
+        """What teacher forcing localizes (streamed checks only)."""
+        if not self.teacher_forced:
+            return None
+        given = f"teacher-forced (every layer given {self.teacher}'s input)"
+        failures = self.forced_failures()
+        if not failures:
+            return f"{given}: every component within tolerance"
+        return f"{given}: first at {failures[0].name}; diverging pieces: {', '.join(self.forced_pieces())}"
+
     # ---- text -----------------------------------------------------------------------------------------
     def format(self) -> str:
         m = self.model
@@ -90,10 +119,14 @@ class Report:
             f"  tolerance: max_rel <= {self.tolerance.max_rel:.2e}*g, 1-cos <= "
             f"{self.tolerance.rms_rel**2 / 2:.2e}*g^2, g = sqrt(1 + layers before)"
         )
+        if self.mode == "streamed":
+            head += f"\n  streamed one layer at a time; column 'forced': each layer given {self.teacher}'s input"
         blocks = [head]
         for c in self.comparisons:
             blocks.append(self._table(c))
         blocks.append(self.verdict_line())
+        if self.teacher_forced:
+            blocks[-1] += "\n" + self.forced_line()
         return "\n\n".join(blocks)
 
     def _table(self, comparison: Comparison) -> str:
@@ -101,8 +134,15 @@ class Report:
         drift = self.drift if comparison is self.comparisons[0] else []
         header = ["component", "max_abs", "mean_abs", "max_rel", "<=", "1-cos", "<=", "KL", "<=", "top1"]
         header += [f"{d.test}~f32" for d in drift] + ["verdict"]
+        forced = next((c for c in self.teacher_forced if (c.test, c.ref) == (comparison.test, comparison.ref)), None)
         first = comparison.first_failure
         rows = [_row(r, drift, r is first) for r in comparison.results]
+        if forced is not None:  # teacher-forced max_rel before the verdict, "!" outside tolerance
+            header.insert(-1, "forced")
+            for row, r in zip(rows, comparison.results, strict=True):
+                fr = next((x for x in forced.results if x.name == r.name), None)
+                shown = fr is not None and fr.metrics is not None
+                row.insert(-1, (_num(fr.metrics.max_rel) + ("!" if not fr.passed else " ")) if shown else "-")
         title = f"{comparison.label} ({comparison.dtype})"
         if first is not None:
             title += f": FAIL, first at {first.name}: {first.reason}"
@@ -125,6 +165,10 @@ class Report:
             "comparisons": [c.to_dict() for c in self.comparisons],
             "drift": [c.to_dict() for c in self.drift],
             "timings": self.timings,
+            "mode": self.mode,
+            "teacher": self.teacher,
+            "teacher_forced": [c.to_dict() for c in self.teacher_forced],
+            "forced_pieces": self.forced_pieces(),
         }
 
     def to_json(self) -> str:

@@ -1,10 +1,11 @@
-"""Tensor-parallel logits in the parity check (`check --tp N`): sharded runs against unsharded ones.
+"""Tensor-parallel runs in the parity check (`check --tp N`): sharded results against unsharded ones.
 
 Each backend runs the same ids on N devices (torch: N gloo processes, torch_impl/tp_launch.py; JAX: a mesh
 over N devices, simulated on CPU, jax_impl/tensor_parallel.py), gathers the logits once (`gather_logits`,
 the explicit request for whole logits), and is compared with its own unsharded logits and with the other
-backend's sharded logits. Only logits are compared: sharding changes no other component's math, only
-where it is computed. Call parity.prepare_environment(tp=N) first (parity.check does).
+backend's sharded logits; with --grad, the loss (from vocabulary-sharded logits, never gathered) and every
+gradient likewise. Sharding changes no other component's math, only where it is computed. Call
+parity.prepare_environment(tp=N) first (parity.check does).
 """
 
 from __future__ import annotations
@@ -29,3 +30,18 @@ def jax_tp_logits(directory: Path, ids: np.ndarray, tp: int, dtype: str) -> np.n
     model = jax_impl.from_pretrained(directory, dtype, mesh=mesh)
     logits = tensor_parallel.sharded_logits(model, ids, mesh)  # stays vocabulary-sharded on the devices
     return np.asarray(gather_logits(logits, model.spec.vocab_size)).astype(np.float32)
+
+
+def torch_tp_grads(directory: Path, ids: np.ndarray, tp: int, dtype: str) -> tuple[float, dict[str, np.ndarray]]:
+    from torch_impl.tp_launch import launch_grads
+
+    return launch_grads(directory, ids, tp, dtype=dtype)  # rank 0's, put together from every rank's slices
+
+
+def jax_tp_grads(directory: Path, ids: np.ndarray, tp: int, dtype: str) -> tuple[float, dict[str, np.ndarray]]:
+    import jax_impl
+    from jax_impl import tensor_parallel
+    from jax_impl.training import loss_and_grads
+
+    model = jax_impl.from_pretrained(directory, dtype, mesh=tensor_parallel.make_mesh(tp))
+    return loss_and_grads(model, ids)

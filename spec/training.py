@@ -19,14 +19,14 @@ gradients are reported under. Read by torch_impl/training.py and jax_impl/traini
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from spec.config import ModelSpec
 from spec.errors import InputError
-from spec.params import EMBEDDING, LINEAR, ParamEntry, runtime_groups
+from spec.parallel import ShardLayout, gather_shards, shard_of
+from spec.params import EMBEDDING, LINEAR, runtime_groups
 
 IGNORE_INDEX = -100  # transformers' label for "not counted"
 
@@ -106,19 +106,26 @@ def checkpoint_grads(spec: ModelSpec, runtime: dict[tuple[str, str], np.ndarray]
     Packed parameters are split back along axis 0 in the table's order (gate first); a tied table's single
     gradient already holds both of its uses.
     """
-    grads: dict[str, np.ndarray] = {}
+    return gather_checkpoint_grads(spec, [runtime])
+
+
+def gather_checkpoint_grads(
+    spec: ModelSpec, per_rank: list[dict[tuple[str, str], np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """`checkpoint_grads` of a tensor-parallel model: each rank's runtime gradients (its slices, torch layout,
+    rank order) -> whole checkpoint tensors (spec/parallel.py's gather_shards: replicated kv heads summed)."""
+    tp, grads = len(per_rank), {}
     for key, entries in runtime_groups(spec).items():
-        grad = runtime[key]
-        for entry, part in zip(entries, _split(grad, entries), strict=True):
-            grads[entry.name] = part
+        pieces: dict[str, list[np.ndarray]] = {e.name: [] for e in entries}
+        for rank, runtime in enumerate(per_rank):
+            layout, grad, start = ShardLayout(spec, tp, rank), runtime[key], 0
+            for entry in entries:  # a packed parameter holds each part's slice in turn: [gate_r; up_r]
+                rows = shard_of(np.broadcast_to(np.zeros((), grad.dtype), entry.shape), entry, layout).shape[0]
+                pieces[entry.name].append(grad[start : start + rows])
+                start += rows
+        for entry in entries:
+            grads[entry.name] = gather_shards(pieces[entry.name], entry)
     return grads
-
-
-def _split(grad: np.ndarray, entries: list[ParamEntry]) -> Iterator[np.ndarray]:
-    start = 0
-    for entry in entries:
-        yield grad[start : start + entry.shape[0]]
-        start += entry.shape[0]
 
 
 def backward_order(spec: ModelSpec) -> list[str]:
@@ -129,4 +136,12 @@ def backward_order(spec: ModelSpec) -> list[str]:
     return [e.name for e in reversed(param_table(spec))]
 
 
-__all__ = ["IGNORE_INDEX", "AdamW", "backward_order", "check_labels", "checkpoint_grads", "decays"]
+__all__ = [
+    "IGNORE_INDEX",
+    "AdamW",
+    "backward_order",
+    "check_labels",
+    "checkpoint_grads",
+    "decays",
+    "gather_checkpoint_grads",
+]

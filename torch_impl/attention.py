@@ -17,9 +17,8 @@ from torch import nn
 
 from spec import ModelSpec
 from torch_impl.layernorm import RMSNorm
-from torch_impl.linear import Linear
 from torch_impl.rotary_embedding import apply_rotary
-from torch_impl.tensor_parallel import row_linear
+from torch_impl.tensor_parallel import column_linear, row_linear
 
 if TYPE_CHECKING:
     from torch_impl.kv_cache import KVCache
@@ -60,6 +59,7 @@ class Attention(nn.Module):
         """`spec` sizes this rank's heads (ShardLayout.local_spec); tp > 1 makes o_proj row-parallel."""
         super().__init__()
         self.layer_idx = layer_idx
+        self.group = group if tp > 1 else None
         self.num_heads, self.num_kv_heads, self.head_dim = (
             spec.num_attention_heads,
             spec.num_key_value_heads,
@@ -67,9 +67,9 @@ class Attention(nn.Module):
         )
         self.scale = spec.head_dim**-0.5
         h, q_out, kv_out = spec.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = Linear(h, q_out, bias=spec.attention_bias)
-        self.k_proj = Linear(h, kv_out, bias=spec.attention_bias)
-        self.v_proj = Linear(h, kv_out, bias=spec.attention_bias)
+        self.q_proj = column_linear(h, q_out, spec.attention_bias, tp, group)
+        self.k_proj = column_linear(h, kv_out, spec.attention_bias, tp, group)
+        self.v_proj = column_linear(h, kv_out, spec.attention_bias, tp, group)
         self.o_proj = row_linear(q_out, h, tp, group)
         if spec.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, kernels=kernels)
@@ -90,8 +90,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # [B, T, n, d]
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # [B, T, n_kv, d]
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # [B, T, n_kv, d]
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_norm is not None:  # per head: with tp > 1 each rank's heads give part of the weights' gradient
+            q, k = self.q_norm(q, group=self.group), self.k_norm(k, group=self.group)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if trace is not None:
             trace[f"layers.{self.layer_idx}.attn.q"] = q

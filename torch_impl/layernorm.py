@@ -9,9 +9,11 @@ lives in kernels/triton/reference.py; `kernels="fused"` runs the Triton kernel w
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from kernels.triton import reference
+from torch_impl.tensor_parallel import sum_grad_over_ranks
 
 
 class RMSNorm(nn.Module):
@@ -22,10 +24,13 @@ class RMSNorm(nn.Module):
         self.kernels = kernels
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, *, group: dist.ProcessGroup | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """`group`: x is this rank's shard of tensor-parallel data (q/k heads): the weight's gradient is summed
+        over the ranks (torch_impl/tensor_parallel.py)."""
+        weight = self.weight if group is None else sum_grad_over_ranks(self.weight, group)
         if self.kernels == "fused":
             from kernels.triton import add_rms_norm  # imports triton: only on the fused path
 
-            return add_rms_norm(x, residual, self.weight, self.eps)
-        return reference.add_rms_norm_reference(x, residual, self.weight, self.eps)
+            return add_rms_norm(x, residual, weight, self.eps)
+        return reference.add_rms_norm_reference(x, residual, weight, self.eps)

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spec import Checkpoint, ModelSpec, runtime_params
+from spec import Checkpoint, ModelSpec, dtype_name, runtime_params
 from spec.generation import eos_token_ids
 from torch_impl.model import CausalLM
 
@@ -44,9 +44,10 @@ def from_pretrained(
     With a process `group` (e.g. `dist.group.WORLD` under torchrun), this process loads its rank's shard of a
     tensor-parallel model over the group's ranks (torch_impl/tensor_parallel.py).
     """
-    dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    dtype = DTYPES[dtype_name(dtype)] if isinstance(dtype, str) else dtype
     spec = ModelSpec.from_pretrained(path)
     checkpoint = Checkpoint(path)
+    checkpoint.validate(spec)  # from the headers, before any allocation: a config that claims 10**7 layers fails here
     tp = 1 if group is None else dist.get_world_size(group)
     with torch.device("meta"):
         model = CausalLM(spec, kernels=kernels, tp=tp, group=group)

@@ -12,8 +12,7 @@ from torch import nn
 
 from spec import ModelSpec
 from torch_impl.activation import SiluAndMul
-from torch_impl.linear import Linear
-from torch_impl.tensor_parallel import row_linear
+from torch_impl.tensor_parallel import column_linear, row_linear
 
 
 class MLP(nn.Module):
@@ -29,7 +28,7 @@ class MLP(nn.Module):
         """`spec` sizes this rank's features (ShardLayout.local_spec); tp > 1 makes down_proj row-parallel."""
         super().__init__()
         self.layer_idx = layer_idx
-        self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=False)
+        self.gate_up_proj = column_linear(spec.hidden_size, 2 * spec.intermediate_size, False, tp, group)
         self.act_fn = SiluAndMul(kernels=kernels)
         self.down_proj = row_linear(spec.intermediate_size, spec.hidden_size, tp, group)
 

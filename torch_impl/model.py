@@ -17,13 +17,12 @@ import torch.distributed as dist
 from torch import nn
 
 from kernels import resolve_kernels
-from spec import InputError, ModelSpec, check_token_ids
+from spec import ModelSpec, check_attention_mask, check_positions, check_token_ids
 from torch_impl.decoder_layer import DecoderLayer
 from torch_impl.embedding import Embedding
 from torch_impl.layernorm import RMSNorm
-from torch_impl.linear import Linear
 from torch_impl.rotary_embedding import RotaryEmbedding
-from torch_impl.tensor_parallel import rank_layout
+from torch_impl.tensor_parallel import column_linear, rank_layout
 from torch_impl.vocab_parallel import mask_padding
 
 if TYPE_CHECKING:
@@ -95,7 +94,7 @@ class CausalLM(nn.Module):
         self.group = group
         self.kernels = resolve_kernels(kernels, on_gpu=torch.cuda.is_available())
         self.model = Model(spec, kernels=self.kernels, tp=tp, group=group)
-        self.lm_head = Linear(spec.hidden_size, self.module_spec.vocab_size, bias=False)
+        self.lm_head = column_linear(spec.hidden_size, self.module_spec.vocab_size, False, tp, group)
         self.eos_token_ids: tuple[int, ...] = ()  # set by the loader from the checkpoint
         self.tie_weights()
 
@@ -119,12 +118,13 @@ class CausalLM(nn.Module):
         """
         device = self.model.embed_tokens.weight.device
         past = cache.length if cache is not None else 0
-        ids = input_ids.detach().cpu().numpy() if torch.is_tensor(input_ids) else np.asarray(input_ids)
-        ids = torch.as_tensor(check_token_ids(ids, self.spec, past_length=past), device=device)
+        ids = torch.as_tensor(check_token_ids(input_ids, self.spec, past_length=past), device=device)
         b, t = ids.shape
         key_valid = self._key_valid(attention_mask, b, past + t, device)
         if positions is None:
             positions = default_positions(key_valid, past, t)
+        else:  # numpy or torch, any integer dtype; each inside the RoPE range (spec/inputs.py)
+            positions = torch.as_tensor(check_positions(positions, self.spec, b, t), device=device)
         mask = causal_mask(key_valid, past, t)
         hidden = self.model(ids, positions, mask, cache, last_only, trace)
         if cache is not None:
@@ -140,10 +140,4 @@ class CausalLM(nn.Module):
     def _key_valid(attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> torch.Tensor:
         if attention_mask is None:
             return torch.ones(batch, length, dtype=torch.bool, device=device)
-        mask = torch.as_tensor(attention_mask, device=device)
-        if tuple(mask.shape) != (batch, length):
-            raise InputError(
-                f"attention_mask has shape {list(mask.shape)}, expected [{batch}, {length}] "
-                "(batch, cached + new tokens)"
-            )
-        return mask.bool()
+        return torch.as_tensor(check_attention_mask(attention_mask, batch, length), device=device)

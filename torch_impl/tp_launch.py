@@ -26,18 +26,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from spec import ConfigError, DecoderParityError, ModelSpec, check_token_ids
-from spec.parallel import check_tp_degree
 from spec.generation import Generation, prepare_prompts
+from spec.parallel import check_tp_degree
 from torch_impl.generate import generate
 from torch_impl.loader import from_pretrained
 from torch_impl.vocab_parallel import gather_logits
 
-__all__ = ["launch_generate", "launch_logits", "run_tp", "tp_device"]
+__all__ = ["launch_generate", "launch_grads", "launch_logits", "run_tp", "tp_device"]
 
 
-def run_tp(
-    fn: Callable[..., Any], tp: int, *args: Any, backend: str = "gloo", timeout: timedelta | None = None
-) -> Any:
+def run_tp(fn: Callable[..., Any], tp: int, *args: Any, backend: str = "gloo", timeout: timedelta | None = None) -> Any:
     """Run `fn(*args)` in `tp` spawned processes joined in one process group; return rank 0's result.
 
     The group meets through a file in a private temporary directory (no port to pick); gloo binds the
@@ -161,6 +159,31 @@ def launch_generate(
     prepare_prompts(input_ids, spec, max_new_tokens, generate_kwargs.get("attention_mask"))  # validate here
     args = (str(path), input_ids, max_new_tokens, dtype, kernels, generate_kwargs)
     return run_tp(_generate_worker, tp, *args, backend=backend)
+
+
+def launch_grads(
+    path: str | Path,
+    input_ids: np.ndarray,
+    tp: int,
+    *,
+    attention_mask: np.ndarray | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    kernels: str = "reference",
+    backend: str = "gloo",
+) -> tuple[float, dict[str, np.ndarray]]:
+    """torch_impl.training.loss_and_grads of a `tp`-way sharded model: the loss from the vocabulary-sharded
+    logits (never gathered) and every gradient by checkpoint name, put together from the ranks' slices."""
+    spec = ModelSpec.from_pretrained(path)
+    check_tp_degree(spec, tp)
+    ids = check_token_ids(np.asarray(input_ids), spec)
+    return run_tp(_grads_worker, tp, str(path), ids, attention_mask, dtype, kernels, backend=backend)
+
+
+def _grads_worker(path: str, ids: np.ndarray, mask: np.ndarray | None, dtype: Any, kernels: str) -> Any:
+    from torch_impl.training import loss_and_grads
+
+    model = from_pretrained(path, dtype, device=tp_device(), kernels=kernels, group=dist.group.WORLD)
+    return loss_and_grads(model, ids, attention_mask=mask)
 
 
 def _logits_worker(path: str, ids: np.ndarray, mask: np.ndarray | None, dtype: Any, kernels: str) -> Any:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from spec import InputError
 from spec.params import runtime_groups
-from spec.training import IGNORE_INDEX, AdamW, check_labels, checkpoint_grads, decays
+from spec.training import IGNORE_INDEX, AdamW, check_labels, checkpoint_grads, decays, gather_checkpoint_grads
 from torch_impl.model import CausalLM
+from torch_impl.vocab_parallel import VocabParallelCrossEntropy
 
 _ROWS = 1024  # rows of logits per block: a [1024, V] float32 temporary, whatever B * T is
 
@@ -52,14 +54,18 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return d_logits, None
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, model: CausalLM | None = None) -> torch.Tensor:
     """logits [B, T, V], labels [B, T] (-100: not counted) -> the mean next-token loss (float32 scalar).
 
     Logits at t predict labels at t + 1: the labels move left by one and the last position counts nothing.
+    For a tensor-parallel `model` the logits are this rank's vocabulary shard and the loss never gathers them.
     """
     targets = torch.full_like(labels, IGNORE_INDEX)
     targets[:, :-1] = labels[:, 1:]  # [B, T]
-    return ChunkedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    flat, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    if model is not None and model.layout.tp > 1:
+        return VocabParallelCrossEntropy.apply(flat, targets, model.layout.vocab_start, model.group)
+    return ChunkedCrossEntropy.apply(flat, targets)
 
 
 def _runtime_names(model: CausalLM) -> dict[str, tuple[str, str]]:
@@ -78,8 +84,6 @@ def _trainable(model: CausalLM) -> list[torch.nn.Parameter]:
             "this model's parameters were created under torch.inference_mode and cannot take a gradient: "
             "load it outside inference_mode"
         )
-    if model.layout.tp > 1:
-        raise InputError("loss_and_grads on a tensor-parallel torch model is not supported (use tp=1)")
     return params
 
 
@@ -92,8 +96,8 @@ def loss(
     """The differentiable loss (a float32 scalar tensor) of one batch; see spec/training.py for the labels."""
     ids = np.asarray(input_ids)
     counted = check_labels(labels, ids, model.spec, attention_mask)
-    logits = model(ids, attention_mask=attention_mask)  # [B, T, V] in the model's dtype
-    return cross_entropy(logits, torch.as_tensor(counted, device=logits.device))
+    logits = model(ids, attention_mask=attention_mask)  # [B, T, V] in the model's dtype (tp > 1: V / tp)
+    return cross_entropy(logits, torch.as_tensor(counted, device=logits.device), model)
 
 
 def loss_and_grads(
@@ -121,7 +125,11 @@ def loss_and_grads(
     runtime = {
         keys[name]: g.float().cpu().numpy().copy() for (name, _), g in zip(model.named_parameters(), grads, strict=True)
     }
-    return float(value.detach()), checkpoint_grads(model.spec, runtime)
+    if model.layout.tp == 1:
+        return float(value.detach()), checkpoint_grads(model.spec, runtime)
+    per_rank: list = [None] * model.layout.tp  # every rank's slices, put together by the partition table
+    dist.all_gather_object(per_rank, runtime, group=model.group)
+    return float(value.detach()), gather_checkpoint_grads(model.spec, per_rank)
 
 
 def make_optimizer(model: CausalLM, config: AdamW) -> torch.optim.AdamW:
@@ -145,6 +153,8 @@ def train_step(
 ) -> float:
     """One step: loss, backward, global-norm clipping (torch's clip_grad_norm_), AdamW. Returns the loss."""
     params = _trainable(model)
+    if model.layout.tp > 1:
+        raise InputError("train_step on a tensor-parallel model is not supported yet (loss_and_grads is)")
     model.requires_grad_(True)
     optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad():

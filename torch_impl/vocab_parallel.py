@@ -11,7 +11,8 @@ multiple of the degree and rank r holds rows [r * shard, (r + 1) * shard) of the
   full-vocabulary logits are never gathered on the greedy path.
 - `gather_logits` is the explicit request for whole logits [..., V] (padding dropped), on every rank.
 
-Collectives mutate their input in place and are not recorded by autograd: this is an inference path.
+The embedding's sum across ranks is autograd-aware (each rank's rows get the gradient of their own ids);
+the greedy reduction and the gather are inference-only reads of the logits.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from torch_impl.tensor_parallel import reduce_from_ranks
 
 
 def vocab_parallel_embedding(
@@ -28,8 +31,7 @@ def vocab_parallel_embedding(
     outside = (input_ids < vocab_start) | (input_ids >= vocab_start + weight.shape[0])  # [B, T]
     local = (input_ids - vocab_start).masked_fill(outside, 0)  # any in-range row; zeroed below
     hidden = F.embedding(local, weight).masked_fill(outside[..., None], 0)  # [B, T, H]
-    dist.all_reduce(hidden, group=group)  # one rank holds each id's row, the others add zeros
-    return hidden
+    return reduce_from_ranks(hidden, group)  # one rank holds each id's row, the others add zeros
 
 
 def mask_padding(logits: torch.Tensor, vocab_start: int, vocab_size: int) -> torch.Tensor:
@@ -66,3 +68,35 @@ def greedy_token(local_logits: torch.Tensor, vocab_start: int, group: dist.Proce
     ids = torch.where(values == best, local_ids + vocab_start, no_candidate)  # [...]
     dist.all_reduce(ids, op=dist.ReduceOp.MIN, group=group)
     return ids
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of this rank's logits [N, V/tp] against global targets [N] (-100: not counted),
+    without gathering the vocabulary: the local max then a MAX across ranks, the local sum of exponentials
+    then a SUM, the target's logit from the rank that owns it then a SUM. Only [N] vectors cross ranks.
+    The backward is local: this rank's softmax minus the one-hot of its own ids. Twin of
+    jax_impl/vocab_parallel.py's vocab_parallel_cross_entropy."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, vocab_start: int, group: dist.ProcessGroup | None) -> torch.Tensor:
+        x = logits.float()  # [N, V/tp]
+        top = x.max(dim=-1).values
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        total = torch.exp(x - top[:, None]).sum(-1)
+        dist.all_reduce(total, group=group)
+        lse = top + torch.log(total)  # [N]
+        local = targets - vocab_start
+        owned = (local >= 0) & (local < x.shape[-1])
+        target = x.gather(-1, local.clamp(0, x.shape[-1] - 1)[:, None])[:, 0].masked_fill(~owned, 0)
+        dist.all_reduce(target, group=group)
+        counted = targets != -100
+        count = counted.sum()
+        ctx.save_for_backward(logits, local, owned, counted, lse, count)
+        return ((lse - target).masked_fill(~counted, 0).sum(dtype=torch.float64) / count).float()
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, local, owned, counted, lse, count = ctx.saved_tensors
+        p = torch.exp(logits.float() - lse[:, None])  # [N, V/tp]
+        p.scatter_add_(-1, local.clamp(0, p.shape[-1] - 1)[:, None], -owned.float()[:, None])
+        return (p * (counted[:, None] * (grad.float() / count.float()))).to(logits.dtype), None, None, None

@@ -99,9 +99,9 @@ def _loss_over_all_positions(mp: pytest.MonkeyPatch) -> None:
     """The mean is taken over every position, the uncounted last one (and padding) included."""
     original = torch_impl.training.cross_entropy
 
-    def loss(logits, labels):
+    def loss(logits, labels, model=None):
         n, counted = labels.numel(), int((labels[:, 1:] != -100).sum())
-        return original(logits, labels) * counted / n
+        return original(logits, labels, model) * counted / n
 
     mp.setattr(torch_impl.training, "cross_entropy", loss)
 

@@ -53,3 +53,29 @@ def silu_and_mul_term_scale(x: np.ndarray, d_out: np.ndarray, dtype: str) -> np.
     g = as_dtype(d_out, dtype)
     sig = 1.0 / (1.0 + np.exp(-gate))
     return np.concatenate([np.abs(g * up) * sig * (1.0 + np.abs(gate) * (1.0 - sig)), np.abs(g * gate * sig)], -1)
+
+
+def add_rms_norm_contract_d_s(
+    x: np.ndarray,
+    residual: np.ndarray | None,
+    weight: np.ndarray,
+    d_out: np.ndarray,
+    d_new_residual: np.ndarray | None,
+    dtype: str,
+    eps: float,
+) -> np.ndarray:
+    """d_s = d_x = d_residual by the backward contract, in float64 with the contract's roundings to `dtype`:
+    dy = D(g * w), d_s = D(rstd * (dy - s * rstd^2 * mean(dy * s))), then D(d_s + g_s) with a residual."""
+    x, weight, g = as_dtype(x, dtype), as_dtype(weight, dtype), as_dtype(d_out, dtype)
+    s = x if residual is None else as_dtype(x + as_dtype(residual, dtype), dtype)
+    rstd = 1.0 / np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + eps)  # [..., 1]
+    dy = as_dtype(g * weight, dtype)
+    d_s = as_dtype(rstd * (dy - s * rstd**2 * np.mean(dy * s, axis=-1, keepdims=True)), dtype)
+    return d_s if d_new_residual is None else as_dtype(d_s + as_dtype(d_new_residual, dtype), dtype)
+
+
+def add_rms_norm_contract_d_weight(n: np.ndarray, d_out: np.ndarray, dtype: str) -> np.ndarray:
+    """d_weight [H] by the backward contract from the normalized n (the forward's): D(sum over rows of D(g * n)),
+    the products rounded to `dtype`, the sum exact (float64) and rounded once."""
+    g = as_dtype(d_out, dtype)
+    return as_dtype(as_dtype(g * n, dtype).reshape(-1, n.shape[-1]).sum(axis=0), dtype)

@@ -17,7 +17,12 @@ import pytest
 
 from tests.backends import to_numpy
 from tests.kernels.frameworks import DTYPES, EPS, FRAMEWORKS, Framework, framework
-from tests.kernels.gradients import add_rms_norm_term_scales, silu_and_mul_term_scale
+from tests.kernels.gradients import (
+    add_rms_norm_contract_d_s,
+    add_rms_norm_contract_d_weight,
+    add_rms_norm_term_scales,
+    silu_and_mul_term_scale,
+)
 from tests.kernels.tolerances import assert_within_tolerance, sample_inputs
 
 # Each dtype at three row widths (896 + 1, 1000 and 3072 are real widths and not powers of two; 1 is degenerate:
@@ -77,6 +82,13 @@ def check_add_rms_norm_backward(fw: Framework, inputs: dict[str, np.ndarray | No
         errors[quantity] = assert_within_tolerance(to_numpy(g), to_numpy(w), quantity, dtype, str(shape), scale)
     if inputs["residual"] is not None:  # s = x + residual: one gradient for both, the very same values
         np.testing.assert_array_equal(to_numpy(got[0]), to_numpy(got[1]))
+    if dtype != "float32":  # the rounding points themselves, which the references' bounds cannot resolve
+        contract = add_rms_norm_contract_d_s(*inputs.values(), dtype, EPS)
+        errors["contract"] = assert_within_tolerance(to_numpy(got[0]), contract, "contract", dtype, str(shape), scale_s)
+        if contract.size >= 10_000:  # a fraction of fewer elements says nothing
+            errors["d_s_contract_mismatches"] = assert_within_tolerance(
+                to_numpy(got[0]), contract, "d_s_contract_mismatches", dtype, str(shape)
+            )
     return errors
 
 
@@ -102,6 +114,22 @@ def test_add_rms_norm_backward_loops_over_row_blocks(fw: Framework, monkeypatch:
     assert (cfg["BLOCK_ROWS"], cfg["blocks_per_program"], cfg["n_programs"]) == (2, 5, 4)
     check_add_rms_norm_backward(fw, _rms_inputs((33, 1000), with_residual=True, seed=5), "float32")
     check_add_rms_norm_backward(fw, _rms_inputs((33, 1000), with_residual=False, seed=5), "bfloat16")
+
+
+@pytest.mark.parametrize(("dtype", "width"), [("bfloat16", 1000), ("float16", 3072)])
+def test_add_rms_norm_weight_gradient_follows_contract(fw: Framework, dtype: str, width: int) -> None:
+    """d_weight's rounding points (each g * n rounded, a float32 sum, one rounding), which the references'
+    2-ulp bound cannot resolve: with weight 1 the forward's out is n itself, bit for bit, so the contract can
+    be evaluated in float64 from the kernel's own n. Shapes of RMS_CASES: no new compile."""
+    inputs = _rms_inputs((17, width), with_residual=True)
+    inputs["weight"] = np.ones(width, np.float32)
+    args: list[Any] = [fw.array(a, dtype) for a in inputs.values()]
+    n, _ = fw.add_rms_norm(*args[:3], EPS)  # = D(D(s * rstd) * 1) = n
+    d_weight = fw.add_rms_norm_grads(True, *args)[2]
+    want = add_rms_norm_contract_d_weight(to_numpy(n).astype(np.float64), inputs["d_out"], dtype)
+    _, scale_w = add_rms_norm_term_scales(*inputs.values(), dtype, EPS)
+    assert_within_tolerance(to_numpy(d_weight), want, "d_weight_contract_mismatches", dtype, "weight 1")
+    assert_within_tolerance(to_numpy(d_weight), want, "contract", dtype, "weight 1", scale_w)
 
 
 def test_add_rms_norm_backward_3d_and_4d(fw: Framework) -> None:

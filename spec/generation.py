@@ -32,7 +32,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not is_number(self.temperature) or self.temperature < 0:
-            raise InputError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+            raise InputError(f"temperature must be >= 0 (0 = greedy) and finite, got {self.temperature!r}")
         if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
             raise InputError(f"top_k must be a positive integer or None, got {self.top_k!r}")
         if self.top_p is not None and (not is_number(self.top_p) or not 0 < self.top_p <= 1):

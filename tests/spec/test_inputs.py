@@ -132,8 +132,8 @@ def test_generation_requests():
     for kwargs, needle in [
         (dict(seed=2**70), "seed must be an integer"),
         (dict(seed=-1), "seed must be an integer"),
-        (dict(temperature="hot"), "temperature must be a finite number >= 0"),
-        (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
+        (dict(temperature="hot"), "temperature must be >= 0 (0 = greedy) and finite"),
+        (dict(temperature=float("nan")), "temperature must be >= 0 (0 = greedy) and finite"),
         (dict(top_k=True), "top_k must be a positive integer"),
         (dict(top_p="0.9"), "top_p must lie in (0, 1]"),
     ]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,7 @@ class SafetensorsFile:
         self._info = {name: self._check_entry(name, info, data_size) for name, info in header.items()}
         self._check_tiling(data_size)
         self._map: np.memmap | None = None
+        self._lock = threading.Lock()  # the loader's non-finite scan reads on a worker thread too
 
     def _error(self, message: str) -> CheckpointError:
         return CheckpointError(f"{self.path}: {message}")
@@ -203,13 +205,15 @@ class SafetensorsFile:
         """A read-only view of the tensor, backed by the memory map."""
         if name not in self._info:
             raise self._error(f"no tensor named {name!r}")
-        if self._map is None:
-            try:
-                self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
-            except (OSError, ValueError) as err:
-                raise self._error(f"cannot map the file ({err})") from err
-            if self._map.size != self._size:  # changed on disk since the header was checked
-                raise self._error(f"changed on disk while open ({self._size} bytes, now {self._map.size})")
+        with self._lock:
+            if self._map is None:
+                try:
+                    mapped = np.memmap(self.path, dtype=np.uint8, mode="r")
+                except (OSError, ValueError) as err:
+                    raise self._error(f"cannot map the file ({err})") from err
+                if mapped.size != self._size:  # changed on disk since the header was checked
+                    raise self._error(f"changed on disk while open ({self._size} bytes, now {mapped.size})")
+                self._map = mapped
         dtype, shape, start, end = self._info[name]
         offset = self._data_start + start
         return self._map[offset : offset + (end - start)].view(dtype).reshape(shape)

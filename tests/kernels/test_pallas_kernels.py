@@ -90,17 +90,18 @@ def test_kernels_lower_for_gpu(width: int, dtype: str) -> None:
     assert "__gpu$xla.gpu.triton" in text.as_text()
 
 
-@pytest.mark.parametrize(("width", "dtype"), [(123, "bfloat16"), (9728, "float32")])
-def test_backward_kernels_lower_for_gpu(width: int, dtype: str) -> None:
+# 300 rows of 9728 are 300 one-row blocks: more than 256 programs hold, so each loops over 2 (lax.fori_loop).
+@pytest.mark.parametrize(("rows", "width", "dtype"), [(5, 123, "bfloat16"), (300, 9728, "float32")])
+def test_backward_kernels_lower_for_gpu(rows: int, width: int, dtype: str) -> None:
     """The backward kernels (and the dW partial sum) lower through Pallas' Triton lowering too."""
-    x, w = jnp.zeros((5, width), dtype), jnp.zeros((width,), dtype)
+    x, w = jnp.zeros((rows, width), dtype), jnp.zeros((width,), dtype)
 
     def loss(x, r, w, gate_up):
         out, s = add_rms_norm(x, r, w, EPS)
         return jnp.sum(out.astype(jnp.float32)) + jnp.sum(s.astype(jnp.float32) * silu_and_mul(gate_up))
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
-    text = grad.trace(x, x, w, jnp.zeros((5, 2 * width), dtype)).lower(lowering_platforms=("cuda",)).as_text()
+    text = grad.trace(x, x, w, jnp.zeros((rows, 2 * width), dtype)).lower(lowering_platforms=("cuda",)).as_text()
     for name in ("add_rms_norm_backward", "add_rms_norm_backward_sum_dw", "silu_and_mul_backward"):
         assert f'name = "{name}"' in text, name
     assert text.count("__gpu$xla.gpu.triton") == 5  # two forward kernels, three backward

@@ -69,8 +69,8 @@ def _leaves(*arrays: torch.Tensor | None, grad: tuple[bool, ...] = (True, True, 
 
 
 def test_backward_with_unused_outputs_and_broadcast_cotangents() -> None:
-    """torch hands the backward None for an unused output and a stride-0 (expanded) cotangent for a .sum():
-    both run without materializing zeros or copies, and match the reference's gradients."""
+    """torch hands the backward None for an unused output (read as absent: no zeros are materialized) and a
+    stride-0 (expanded) cotangent for a .sum() (made unit-stride by as_rows); both match the reference's."""
     x, residual = _t(sample_inputs((5, 123), 0, "x"), "float32"), _t(sample_inputs((5, 123), 1, "residual"), "float32")
     weight = _t(sample_inputs((123,), 2, "weight"), "float32")
     for use in ("out", "new_residual", "both"):

@@ -86,6 +86,27 @@ def main(directory: str, tp: int, dp: int) -> dict:
         hlo, spec.vocab_size
     )
     out["has_all_reduce"] = "all-reduce" in hlo
+    # The compiled loss and gradients (jax_impl/training.py): the vocabulary-parallel loss gathers no logits.
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from jax_impl import training
+    from jax_impl.vocab_parallel import DATA
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    rows = NamedSharding(mesh, P(DATA, None))
+    labels = training.check_labels(None, ids, spec)
+    with jax.set_mesh(mesh):
+        batch = [jax.device_put(a, rows) for a in (ids.astype(np.int32), np.ones(ids.shape, bool), labels)]
+        grad_hlo = training._value_and_grad.lower(graphdef, params, rest, *batch).compile().as_text()
+    padded = int(table.shape[0])
+    out["grad_vocab_all_gathers"] = all_gathers_with_dim(grad_hlo, padded) + all_gathers_with_dim(
+        grad_hlo, spec.vocab_size
+    )
+    loss, grads = training.loss_and_grads(model, ids)
+    ref_loss, ref_grads = training.loss_and_grads(ref, ids)
+    out["grad_loss_rel"] = abs(loss - ref_loss) / ref_loss
+    out["grad_rel_err"] = max(float(np.abs(grads[n] - ref_grads[n]).max() / np.abs(ref_grads[n]).max()) for n in grads)
     return out
 
 

@@ -69,3 +69,11 @@ def test_python_check_tp_after_jax_started_names_the_fix(default_dir):
     result = python(code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "refused:" in result.stdout and "prepare_environment(tp=2)" in result.stdout, result.stdout
+
+
+def test_check_grad_tp2_compares_sharded_gradients(default_dir):
+    result = cli("check", str(default_dir), "--grad", "--tp", "2", "-q", "--seq-len", "7", "--batch", "2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    verdict = result.stdout.strip().splitlines()[-1]
+    assert verdict.startswith("PASS") and "torch/tp2 vs jax/tp2 on 25 gradients" in verdict
+    assert "jax/tp2 vs jax on 25 gradients" in verdict and "torch/tp2 vs torch on 25 gradients" in verdict

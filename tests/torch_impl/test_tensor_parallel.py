@@ -55,6 +55,14 @@ class ShapeRecorder(TorchDispatchMode):
                 self.shapes.append((str(func), tuple(leaf.shape)))
         return out
 
+    def vocabulary_sized(self, vocab: int, padded: int) -> list[tuple[str, tuple[int, ...]]]:
+        """Tensors with a whole vocabulary along some dim, flattened ones included (a multiple of V or V_pad)."""
+
+        def full(d: int) -> bool:
+            return any(d >= v and d % v == 0 for v in (vocab, padded))
+
+        return sorted({(op, shape) for op, shape in self.shapes if any(full(d) for d in shape)})
+
     def at_least(self, size: int) -> list[tuple[str, tuple[int, ...]]]:
         return sorted({(op, shape) for op, shape in self.shapes if any(d >= size for d in shape)})
 
@@ -195,3 +203,41 @@ def test_launcher_entry_points(default_dir):
     """What a CLI calls: launch_generate returns rank 0's Generation, tokens as the unsharded model's."""
     ref = torch_impl.generate(torch_impl.from_pretrained(default_dir), PROMPTS, 4, eos_token_ids=())
     assert launch_generate(default_dir, PROMPTS, 4, 2, eos_token_ids=()).tokens == ref.tokens
+
+
+def _grad_checks(path: str) -> dict:
+    """On every rank: the loss and gradients of the sharded model, recording every tensor the step touches."""
+    from torch_impl.training import loss, loss_and_grads
+
+    model = torch_impl.from_pretrained(path, group=dist.group.WORLD)
+    sizes = (model.spec.vocab_size, model.layout.padded_vocab)
+    with ShapeRecorder() as record:  # the forward, the loss and the backward (not the final gather of results)
+        model.requires_grad_(True)
+        loss(model, IDS, attention_mask=MASK).backward()
+        model.requires_grad_(False)
+    with torch.inference_mode(), ShapeRecorder() as control:  # the detector does see an explicit gather
+        gather_logits(model(IDS, attention_mask=MASK), model.spec.vocab_size, model.group)
+    value, grads = loss_and_grads(model, IDS, attention_mask=MASK)
+    return {
+        "loss": value,
+        "grads": grads,
+        "full_vocab": record.vocabulary_sized(*sizes),
+        "control": control.vocabulary_sized(*sizes),
+        "ops": len(record.shapes),
+    }
+
+
+@pytest.mark.parametrize(("tp", "which"), [(4, "default"), (2, "qwen2")])  # both replicate kv heads; q/k norms, bias
+def test_sharded_loss_and_gradients_match_unsharded(tp, which, default_dir, qwen2_dir):
+    """The vocabulary-parallel loss: never a full-vocabulary tensor on any rank, same loss and gradients."""
+    from torch_impl.training import loss_and_grads
+
+    for path in [default_dir if which == "default" else qwen2_dir]:
+        out = run_tp(_grad_checks, tp, str(path))
+        ref_loss, ref = loss_and_grads(torch_impl.from_pretrained(path), IDS, attention_mask=MASK)
+        assert out["ops"] > 100 and out["full_vocab"] == [], out["full_vocab"][:5]
+        assert out["control"]  # a [B, T, V] gather would have been seen
+        assert abs(out["loss"] - ref_loss) <= 1e-6 * ref_loss
+        assert set(out["grads"]) == set(ref)
+        for name in ref:
+            assert _rel(out["grads"][name], ref[name]) <= 1e-5 * np.sqrt(3), (path, tp, name)

@@ -1,6 +1,6 @@
 """Training, framework-neutral: the loss's labels, the optimizer's one set of hyperparameters, and the names
-gradients are reported under. Read by torch_impl/training.py and jax_impl/training.py (docs/design.md,
-"Training").
+gradients are reported under. Read by torch_impl/training.py and jax_impl/training.py
+(docs/design.md, "Training").
 
 - Labels follow transformers' convention: `labels` [B, T] (default: the ids) are shifted inside the loss
   (logits at t predict labels at t + 1); positions labelled -100 are not counted, nor, where an

@@ -100,16 +100,7 @@ def check(
         raise InputError(f"steps must be a non-negative integer, got {steps!r}")
     if steps and tp > 1:
         raise InputError("--steps with --tp is not supported yet (--grad --tp is: the vocabulary-parallel loss)")
-    if stream and tp > 1:
-        raise InputError(
-            "--stream with --tp is not supported: the streamed check runs each framework unsharded, one layer at a "
-            "time; drop --tp (or --stream, to compare sharded logits on a model that fits)"
-        )
-    if stream and (grad or steps):
-        raise InputError(
-            "--stream with --grad / --steps is not supported: a backward pass needs every layer's activations "
-            "and weights at once; drop --stream"
-        )
+    check_stream_options(stream, tp, grad or bool(steps))
     request = validate_request(
         checkpoint, dtype, kernels, reference, ids, prompt, seq_len, batch, seed, baseline, tp
     )  # fmt: skip
@@ -128,6 +119,20 @@ def check(
 
         return StreamedRun(request, progress, say).report()
     return _Run(request, progress, say).report()
+
+
+def check_stream_options(stream: bool | None, tp: int, grad: bool) -> None:
+    """Refuse what a streamed check cannot combine with (the CLI asks before JAX starts, for --tp's sake)."""
+    if stream and tp > 1:
+        raise InputError(
+            "--stream with --tp is not supported: the streamed check runs each framework unsharded, one layer at a "
+            "time; drop --tp (or --stream, to compare sharded logits on a model that fits)"
+        )
+    if stream and grad:
+        raise InputError(
+            "--stream with --grad / --steps is not supported: a backward pass needs every layer's activations "
+            "and weights at once; drop --stream"
+        )
 
 
 def validate_request(
@@ -250,4 +255,4 @@ class _Run:
         )
 
 
-__all__ = ["REFERENCES", "Request", "check", "resolve_checkpoint", "validate_request"]
+__all__ = ["REFERENCES", "Request", "check", "check_stream_options", "resolve_checkpoint", "validate_request"]

@@ -105,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--plot {args.plot}: the format comes from the suffix, one of {', '.join(PLOT_SUFFIXES)}")
     for path in (args.json, args.plot):  # fail before a long run, not after it
         check_writable(path)
+    from parity.api import check_stream_options
+
+    check_stream_options(args.stream or None, args.tp, args.grad or args.steps > 0)  # before --tp starts JAX
     # Before anything imports triton or starts JAX (parity/environment.py).
     prepare_environment(args.kernels, args.tp)
     from parity.api import check

@@ -59,11 +59,11 @@ def param_table(spec: ModelSpec) -> list[ParamEntry]:
             rows.append(ParamEntry(f"{module}.weight", (heads * d, h), module, "weight", LINEAR, **split))
             if spec.attention_bias:
                 rows.append(ParamEntry(f"{module}.bias", (heads * d,), module, "bias", BIAS, **split))
-        if spec.qk_norm:  # applied to q and k before attention: before o_proj in forward order
-            for norm in ("q_norm", "k_norm"):
-                rows.append(ParamEntry(f"{p}.self_attn.{norm}.weight", (d,), f"{p}.self_attn.{norm}", "weight", NORM))
         o_proj = f"{p}.self_attn.o_proj"
         rows.append(ParamEntry(f"{o_proj}.weight", (h, n * d), o_proj, "weight", LINEAR, placement=ROW, units=n))
+        if spec.qk_norm:  # listed after o_proj (the checkpoint order random_weights draws in); applied before it
+            for norm in ("q_norm", "k_norm"):
+                rows.append(ParamEntry(f"{p}.self_attn.{norm}.weight", (d,), f"{p}.self_attn.{norm}", "weight", NORM))
         post = f"{p}.post_attention_layernorm"
         rows.append(ParamEntry(f"{post}.weight", (h,), post, "weight", NORM))
         # Gate first, then up: the runtime split takes the first half as the gate. Each part is split on its

@@ -26,7 +26,7 @@ import numpy as np
 from spec.config import ModelSpec
 from spec.errors import InputError
 from spec.parallel import ShardLayout, gather_shards, shard_of
-from spec.params import EMBEDDING, LINEAR, runtime_groups
+from spec.params import EMBEDDING, LINEAR, param_table, runtime_groups
 
 IGNORE_INDEX = -100  # transformers' label for "not counted"
 
@@ -130,10 +130,21 @@ def gather_checkpoint_grads(
 
 def backward_order(spec: ModelSpec) -> list[str]:
     """Checkpoint tensor names in the order backpropagation reaches them: head, final norm, last layer ...
-    first layer, embedding. The first gradient that diverges in this order is where a bug shows first."""
-    from spec.params import param_table
+    first layer, embedding. The first gradient that diverges in this order is where a bug shows first.
 
-    return [e.name for e in reversed(param_table(spec))]
+    The reverse of the order the forward uses them in, which is the parameter table's except that the
+    table lists a layer's per-head q/k norms after o_proj, while attention applies them before it."""
+    forward: list[str] = []
+    deferred: list[str] = []  # a layer's o_proj, until its q/k norms are placed
+    for entry in param_table(spec):
+        if entry.module.endswith("self_attn.o_proj"):
+            deferred.append(entry.name)
+            continue
+        if deferred and not entry.module.endswith(("self_attn.q_norm", "self_attn.k_norm")):
+            forward += deferred
+            deferred = []
+        forward.append(entry.name)
+    return list(reversed(forward + deferred))
 
 
 __all__ = [

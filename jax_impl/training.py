@@ -167,7 +167,7 @@ def make_optimizer(model: CausalLM, config: AdamW) -> nnx.Optimizer:
     return nnx.Optimizer(model, optax.chain(*chain), wrt=nnx.Param)
 
 
-@nnx.jit
+@partial(nnx.jit, donate_argnames=("model", "optimizer"))  # updated in place: no second copy of weights and moments
 def _step(model: CausalLM, optimizer: nnx.Optimizer, ids, key_valid, labels):
     def loss_fn(model: CausalLM) -> jax.Array:
         t = ids.shape[1]

@@ -72,6 +72,21 @@ def _head_program(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array) -> jax
     return head.attend(x) if isinstance(head, Embedding) else head(x)  # tied: x @ E^T, as CausalLM.logits
 
 
+def _place(array: np.ndarray, dtype: jnp.dtype, transpose: bool) -> jax.Array:
+    """A checkpoint array on the device in `dtype`, a Linear weight transposed ([out, in] -> Flax [in, out]).
+
+    In the checkpoint's dtype numpy transposes on the host, as jax_impl/loader.py does; a cast (bf16 to the
+    float32 baseline) runs on the device instead, so the host never holds a float32 copy beside the device's."""
+    if array.dtype == dtype:
+        return jnp.asarray(array.T if transpose else array)
+    return _cast_program(jnp.asarray(array), dtype, transpose)
+
+
+@partial(jax.jit, static_argnames=("dtype", "transpose"))
+def _cast_program(x: jax.Array, dtype: jnp.dtype, transpose: bool) -> jax.Array:
+    return (x.T if transpose else x).astype(dtype)
+
+
 class Layerwise:
     """One checkpoint, one dtype: its pieces built and run on demand; `load_s` and `run_s` add up the time."""
 
@@ -81,28 +96,37 @@ class Layerwise:
         self.dtype = DTYPES[dtype_name(dtype)] if isinstance(dtype, str) else dtype
         self.kernels = resolve_kernels(kernels, on_gpu=jax.default_backend() == "gpu")
         self._embedded = False
+        self._structures: dict[tuple, tuple[nnx.GraphDef, nnx.State]] = {}  # abstract (graph, state) per piece
         self.load_s = self.run_s = 0.0
 
     def _build(
-        self, make: Callable[[], nnx.Module], params: Iterable[tuple[str, str, str, np.ndarray]]
+        self, key: tuple, make: Callable[[], nnx.Module], params: Iterable[tuple[str, str, str, np.ndarray]]
     ) -> tuple[nnx.GraphDef, nnx.State]:
-        """`make()` built abstractly and filled from `params` (module path inside the piece, role, kind, array)
-        as jax_impl/loader.py fills the whole model; returns its (graph, state), every parameter filled."""
+        """The piece `make()` builds, as (graph, state), its parameters from `params` (module path inside the
+        piece, role, kind, array) placed as jax_impl/loader.py places them (Linear kernels transposed).
+
+        The graph comes from an abstract module (`nnx.eval_shape`), built once per structure `key` and reused,
+        so every layer has the same graph and jit compiles one program for all. The arrays go straight into a
+        state and never into a module: Flax modules hold reference cycles, so arrays set on one stay alive
+        until Python's cyclic collector runs, a layer's weights per layer streamed."""
         start = time.perf_counter()
-        module = nnx.eval_shape(make)
-        modules = {".".join(str(p) for p in path): m for path, m in nnx.iter_modules(module)}
+        if key not in self._structures:
+            self._structures[key] = nnx.split(nnx.eval_shape(make))
+        graphdef, abstract = self._structures[key]
+        flat = {tuple(str(k) for k in path): variable for path, variable in nnx.to_flat_state(abstract)}
+        filled = {}
         for path, role, kind, array in params:
-            value = jnp.asarray(array.T if kind == LINEAR else array, dtype=self.dtype)  # [out, in] -> Flax [in, out]
-            param = getattr(modules[path], _FLAX_ATTR.get((kind, role), role))
-            if value.shape != param.shape:
-                raise AssertionError(f"{path}.{role}: packed shape {list(value.shape)} != {list(param.shape)}")
-            param.set_value(value)
-        graphdef, state = nnx.split(module)
-        unfilled = [k for k, v in nnx.to_flat_state(state) if not isinstance(v.get_value(), jax.Array)]
-        if unfilled:
-            raise AssertionError(f"parameters the checkpoint did not fill: {unfilled}")
+            where = (*[p for p in path.split(".") if p], _FLAX_ATTR.get((kind, role), role))
+            value = _place(array, self.dtype, kind == LINEAR)
+            if value.shape != flat[where].get_value().shape:
+                raise AssertionError(
+                    f"{path}.{role}: packed shape {list(value.shape)} != {flat[where].get_value().shape}"
+                )
+            filled[where] = flat[where].replace(value)
+        if filled.keys() != flat.keys():
+            raise AssertionError(f"parameters the checkpoint did not fill: {sorted(flat.keys() - filled.keys())}")
         self.load_s += time.perf_counter() - start
-        return graphdef, state
+        return graphdef, nnx.from_flat_state(list(filled.items()))
 
     def _run(self, program: Callable, *args) -> object:
         start = time.perf_counter()
@@ -116,7 +140,9 @@ class Layerwise:
         rows, inverse = embedding_rows(self.directory, self.spec, ids)  # rows [U, H], inverse [B, T]
         size = (rows.shape[0], self.spec.hidden_size)
         graphdef, state = self._build(
-            lambda: Embedding(*size, dtype=self.dtype, rngs=nnx.Rngs(0)), [("", "weight", EMBEDDING, rows)]
+            ("embed", *size),
+            lambda: Embedding(*size, dtype=self.dtype, rngs=nnx.Rngs(0)),
+            [("", "weight", EMBEDDING, rows)],
         )
         hidden = self._run(lambda: nnx.merge(graphdef, state)(jnp.asarray(inverse, jnp.int32)))  # [B, T, H]
         self._embedded = True
@@ -136,6 +162,7 @@ class Layerwise:
         if not self._embedded:
             raise InputError("run_layer before embed: a streamed forward starts with embed(ids)")
         graphdef, state = self._build(
+            ("layer",),
             lambda: DecoderLayer(self.spec, 0, dtype=self.dtype, kernels=self.kernels, rngs=nnx.Rngs(0)),
             layer_params(self.directory, self.spec, index),
         )
@@ -154,6 +181,7 @@ class Layerwise:
         h = self.spec.hidden_size
         weight = module_param(self.directory, self.spec, final_norm_module(self.spec))
         norm = self._build(
+            ("norm",),
             lambda: RMSNorm(h, self.spec.rms_norm_eps, dtype=self.dtype, kernels=self.kernels),
             [("", "weight", NORM, weight)],
         )
@@ -168,7 +196,7 @@ class Layerwise:
                 kw = dict(use_bias=False, dtype=self.dtype, param_dtype=self.dtype, precision=HIGHEST)
                 return Linear(h, n, **kw, rngs=nnx.Rngs(0))
 
-            head = self._build(make, [("", "weight", kind, block)])
+            head = self._build(("head", kind, n), make, [("", "weight", kind, block)])
             for out, x in zip(blocks, normed, strict=True):
                 out.append(self._run(_head_program, *head, x))  # [B, T, n]
             del head, block  # before the next block loads

@@ -11,7 +11,7 @@ memory while they stay mapped, so one `Checkpoint` kept open for the whole strea
 the checkpoint (16 GB for an 8B model in bfloat16) as the layers are read; reopened per piece, it holds one.
 
 The head's table ([V, H]: the untied `lm_head`, or the embedding when tied) is read in blocks of rows, each
-holding about as many elements as one decoder layer, so the head never holds more than a layer does; the
+holding a quarter of one decoder layer's elements, so the head never holds more than a layer does; the
 logits of a block are the same dot products as the whole table's.
 """
 
@@ -82,9 +82,10 @@ def embedding_rows(directory: str | Path, spec: ModelSpec, ids: np.ndarray) -> t
 
 
 def head_block_rows(spec: ModelSpec) -> int:
-    """Rows of the head's table per block: about one decoder layer's parameters ([rows, H]), at least one row."""
+    """Rows of the head's table per block: a quarter of one decoder layer's parameters ([rows, H]), at least one
+    row, so that a block cast to float32 with the copies a backend makes on the way stays under a layer's size."""
     layer = sum(int(np.prod(e.shape)) for e in param_table(spec) if e.module.startswith(layer_prefix(0)))
-    return max(1, min(spec.vocab_size, layer // spec.hidden_size))
+    return max(1, min(spec.vocab_size, layer // (4 * spec.hidden_size)))
 
 
 def head_blocks(

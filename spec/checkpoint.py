@@ -21,7 +21,6 @@ import contextvars
 import json
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -169,55 +168,24 @@ def runtime_params(
     groups = {key: entries for key, entries in runtime_groups(spec).items() if modules is None or modules(key[0])}
     total_bytes = sum(checkpoint.nbytes(e.name) for entries in groups.values() for e in entries)
     bar = Progress(total_bytes, f"loading {checkpoint.directory.name}", enabled=progress, unit="B")
-    scans = _ScanAhead(checkpoint, layout, list(groups.values()), enabled=not allow)
-    try:
-        for k, ((module, role), entries) in enumerate(groups.items()):
-            arrays = [_cast(_read(checkpoint, e, layout), dtype) for e in entries]
-            array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)  # [parts * out, in]
-            scans.wait(k)  # a CheckpointError if one of this group's tensors holds NaN/Inf
-            bar.update(sum(checkpoint.nbytes(e.name) for e in entries))
-            yield module, role, entries[0].kind, array
-    finally:
-        scans.close()
+    for (module, role), entries in groups.items():
+        arrays = [_cast(_read(checkpoint, e, layout, allow), dtype) for e in entries]
+        array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)  # [parts * out, in]
+        bar.update(sum(checkpoint.nbytes(e.name) for e in entries))
+        yield module, role, entries[0].kind, array
     bar.close()
 
 
-def _read(checkpoint: Checkpoint, entry: ParamEntry, layout: ShardLayout | None) -> np.ndarray:
-    return shard_of(checkpoint.get(entry.name), entry, layout)  # a view: this rank's slice of the memory map
+def _read(checkpoint: Checkpoint, entry: ParamEntry, layout: ShardLayout | None, allow_nonfinite: bool) -> np.ndarray:
+    """This rank's slice of one tensor (a view of the memory map), scanned for NaN/Inf unless allowed.
 
-
-class _ScanAhead:
-    """The non-finite scan, one parameter group ahead, on a worker thread.
-
-    While the loader copies group k (into torch or onto a device), the worker scans group k + 1 in the memory
-    map (numpy releases the GIL in its loops), so the scan's pass over the bytes overlaps the copy instead of
-    adding to the load time; it also takes the page faults the copy would otherwise take. `wait(k)` returns
-    once group k is known finite, or raises the scan's CheckpointError naming the tensor.
+    The scan is one read pass right before the loader copies the tensor, so the copy then finds the bytes in
+    cache (a scan-ahead on a worker thread measured slower on the shared 2-core machines this runs on).
     """
-
-    def __init__(self, checkpoint: Checkpoint, layout: ShardLayout | None, groups: list, *, enabled: bool):
-        self._checkpoint, self._layout, self._groups = checkpoint, layout, groups
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="nonfinite-scan") if enabled else None
-        self._futures: dict[int, Future] = {}
-
-    def _scan(self, entries: list[ParamEntry]) -> None:
-        for entry in entries:
-            check_finite(_read(self._checkpoint, entry, self._layout), entry.name, self._checkpoint.directory)
-
-    def _submit(self, k: int) -> None:
-        if self._pool is not None and k < len(self._groups) and k not in self._futures:
-            self._futures[k] = self._pool.submit(self._scan, self._groups[k])
-
-    def wait(self, k: int) -> None:
-        if self._pool is None:
-            return
-        self._submit(k)
-        self._submit(k + 1)  # queued behind group k: it runs while the caller converts group k
-        self._futures.pop(k).result()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+    array = shard_of(checkpoint.get(entry.name), entry, layout)
+    if not allow_nonfinite:
+        check_finite(array, entry.name, checkpoint.directory)
+    return array
 
 
 def _cast(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:

@@ -89,7 +89,7 @@ class SafetensorsFile:
         self._info = {name: self._check_entry(name, info, data_size) for name, info in header.items()}
         self._check_tiling(data_size)
         self._map: np.memmap | None = None
-        self._lock = threading.Lock()  # the loader's non-finite scan reads on a worker thread too
+        self._lock = threading.Lock()  # one map per file, even when threads read tensors concurrently
 
     def _error(self, message: str) -> CheckpointError:
         return CheckpointError(f"{self.path}: {message}")

@@ -120,7 +120,10 @@ class Report:
             f"{self.tolerance.rms_rel**2 / 2:.2e}*g^2, g = sqrt(1 + layers before)"
         )
         if self.mode == "streamed":
-            head += f"\n  streamed one layer at a time; column 'forced': each layer given {self.teacher}'s input"
+            head += (
+                f"\n  streamed one layer at a time; column 'forced': the residual stream and the head with each layer "
+                f"given {self.teacher}'s input ('!': outside tolerance)"
+            )
         blocks = [head]
         for c in self.comparisons:
             blocks.append(self._table(c))
@@ -142,7 +145,7 @@ class Report:
             for row, r in zip(rows, comparison.results, strict=True):
                 fr = next((x for x in forced.results if x.name == r.name), None)
                 shown = fr is not None and fr.metrics is not None
-                row.insert(-1, (_num(fr.metrics.max_rel) + ("!" if not fr.passed else " ")) if shown else "-")
+                row.insert(-1, (_num(fr.metrics.max_rel) + ("!" if not fr.passed else " ")) if shown else "")
         title = f"{comparison.label} ({comparison.dtype})"
         if first is not None:
             title += f": FAIL, first at {first.name}: {first.reason}"

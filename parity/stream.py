@@ -13,7 +13,9 @@ check does (error accumulates as in deployment); its comparisons carry the verdi
 both fit they give the whole-model check's numbers to float32 noise. Teacher-forced: every run's piece
 also gets the teacher's x at that boundary (the teacher is transformers with --reference hf, else torch), so
 a piece's own error is measured without what came before: a bug in layer 17 fails in layer 17 only, where
-free-running fails in every later layer too. Teacher-forced comparisons localize; they have no verdict.
+free-running fails in every later layer too. Teacher-forced comparisons localize; they have no verdict, and
+are held on what a piece hands on, the residual stream (x1, x2 of each layer) and the head's final norm and
+logits: which component inside the piece goes wrong first, free-running's first divergence already names.
 A failure while streaming (an unreadable shard) raises: no partial report is returned.
 """
 
@@ -30,7 +32,7 @@ import numpy as np
 
 from parity.api import _KEEP_IDS, Request
 from parity.compare import Comparison, compare_traces
-from parity.components import LAYER_COMPONENTS, LOGITS, hf_components
+from parity.components import LAYER_COMPONENTS, LOGITS, hf_components, residual_stream
 from parity.report import Report
 from parity.tolerances import tolerance_for
 
@@ -73,6 +75,7 @@ class StreamedRun:
         drift = [("torch", "torch/float32"), ("jax", "jax/float32")] if request.baseline else []
         self.drift = [Comparison(a, b, request.dtype) for a, b in drift]
         self.teacher_x: np.ndarray | None = None  # the teacher's x at the boundary before the next piece
+        self.handed_on = set(residual_stream(self.layers)) | {"final_norm"}  # what teacher-forced runs compare
 
     def _lanes(self) -> list[_Lane]:
         import jax_impl.layerwise
@@ -114,7 +117,7 @@ class StreamedRun:
         for comparisons, forced in ((self.free, False), (self.forced, True), (self.drift, False)):
             for c in comparisons:
                 test, ref = lanes[c.test], lanes[c.ref]
-                on = [n for n in names if c.ref != "hf" or n in hf_names]
+                on = [n for n in names if (c.ref != "hf" or n in hf_names) and (not forced or n in self.handed_on)]
                 traces = (test.forced_trace, ref.forced_trace) if forced else (test.trace, ref.trace)
                 c.results += compare_traces(
                     *traces, on, num_layers=self.layers, tolerance=self.tolerance, test_label=c.test, ref_label=c.ref

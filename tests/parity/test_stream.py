@@ -22,7 +22,8 @@ import spec
 import spec.layerwise
 import torch_impl
 from parity.__main__ import main
-from parity.components import component_order
+from parity.api import validate_request
+from parity.components import component_order, residual_stream
 from parity.stream import _LayerProgress
 from spec import CheckpointError, InputError
 
@@ -73,7 +74,7 @@ def test_streamed_agrees_with_whole_model_component_by_component(four_layers, dt
     # Teacher-forced: torch is the teacher, so torch's own column is its free run; every piece agrees.
     (forced,) = streamed.teacher_forced
     assert forced.label == "torch vs jax" and streamed.forced_pieces() == []
-    assert forced.result("embed").metrics.max_abs == 0.0
+    assert [r.name for r in forced.results] == residual_stream(LAYERS)[:-1] + ["final_norm", "logits"]
     text = streamed.format()
     header = next(line for line in text.splitlines() if line.startswith("component"))
     assert header.split()[-2:] == ["forced", "verdict"] and "every component within tolerance" in text
@@ -126,7 +127,7 @@ def test_teacher_forcing_localizes_a_mutant_in_one_middle_layer(four_layers, bac
     failing = {r.name.split(".")[1] if r.name.startswith("layers.") else r.name for r in free.results if not r.passed}
     assert failing == {str(i) for i in range(MUTATED, LAYERS)} | {"final_norm", "logits"}  # every later piece
     assert report.forced_pieces() == [f"layers.{MUTATED}"]  # given the same input, only the broken layer differs
-    assert report.forced_failures()[0].name == f"layers.{MUTATED}.mlp.gate_up"
+    assert report.forced_failures()[0].name == f"layers.{MUTATED}.x2"  # x1 is before the MLP: it agrees
     assert f"diverging pieces: layers.{MUTATED}" in report.format()
     data = json.loads(report.to_json())
     assert data["mode"] == "streamed" and data["forced_pieces"] == [f"layers.{MUTATED}"]
@@ -226,8 +227,9 @@ def test_streams_on_its_own_when_the_whole_check_would_not_fit(default_dir, monk
     layer_lines = [line for line in lines if line.startswith("layer ")]
     assert [line.split()[1] for line in layer_lines] == ["1/2", "2/2"]  # one line per layer off a terminal
     assert all("elapsed" in line and "left" in line and "torch" in line and "jax" in line for line in layer_lines)
-    monkeypatch.setattr(parity.memory, "available_bytes", lambda: 1 << 50)
-    assert parity.check(default_dir, seq_len=8).mode == "whole"
+    monkeypatch.setattr(parity.memory, "available_bytes", lambda: 1 << 50)  # 1 PiB: the whole-model check fits
+    request = validate_request(default_dir, "float32", "reference", None, None, None, 8, None, 0, None, 1)
+    assert parity.memory.should_stream(request, lines.append) is False
 
 
 def test_progress_on_a_terminal_names_layer_framework_and_time_left(monkeypatch):

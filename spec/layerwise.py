@@ -11,8 +11,8 @@ memory while they stay mapped, so one `Checkpoint` kept open for the whole strea
 the checkpoint (16 GB for an 8B model in bfloat16) as the layers are read; reopened per piece, it holds one.
 
 The head's table ([V, H]: the untied `lm_head`, or the embedding when tied) is read in blocks of rows, each
-holding a quarter of one decoder layer's elements, so the head never holds more than a layer does; the
-logits of a block are the same dot products as the whole table's.
+holding a quarter of one decoder layer's elements (at least 32M), so the head never holds more than a layer
+does; the logits of a block are the same dot products as the whole table's.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import numpy as np
 from spec.checkpoint import Checkpoint, runtime_params
 from spec.config import ModelSpec
 from spec.params import EMBEDDING, LINEAR, NORM, VOCAB, param_table
+
+HEAD_BLOCK_MIN_ELEMENTS = 1 << 25  # 128 MB in float32: a constant, so the head's memory still follows the layer's
 
 
 def layer_prefix(index: int) -> str:
@@ -82,10 +84,11 @@ def embedding_rows(directory: str | Path, spec: ModelSpec, ids: np.ndarray) -> t
 
 
 def head_block_rows(spec: ModelSpec) -> int:
-    """Rows of the head's table per block: a quarter of one decoder layer's parameters ([rows, H]), at least one
-    row, so that a block cast to float32 with the copies a backend makes on the way stays under a layer's size."""
+    """Rows of the head's table per block: a quarter of one decoder layer's parameters ([rows, H]), so that a block
+    cast to float32 with the copies a backend makes on the way stays under a layer's size; but at least
+    HEAD_BLOCK_MIN_ELEMENTS, so that a small model's head is a few products, not dozens of tiny ones."""
     layer = sum(int(np.prod(e.shape)) for e in param_table(spec) if e.module.startswith(layer_prefix(0)))
-    return max(1, min(spec.vocab_size, layer // (4 * spec.hidden_size)))
+    return max(1, min(spec.vocab_size, max(layer // 4, HEAD_BLOCK_MIN_ELEMENTS) // spec.hidden_size))
 
 
 def head_blocks(

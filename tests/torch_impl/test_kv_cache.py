@@ -52,4 +52,4 @@ def test_model_forward_past_capacity_is_refused(default_dir):
     with torch.inference_mode():
         model(np.array([[1, 2, 3]]), cache=cache)
         with pytest.raises(InputError, match="KV cache is full"):
-            model(np.array([[4, 5]]), attention_mask=np.ones((1, 5)), cache=cache)
+            model(np.array([[4, 5]]), attention_mask=np.ones((1, 5), dtype=int), cache=cache)

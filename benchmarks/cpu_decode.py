@@ -1,11 +1,15 @@
 """CPU prefill and decode throughput: torch_impl, jax_impl and transformers on one Qwen3-0.6B-shaped model.
 
-One run measures, on this machine and at batch 1 in float32:
+One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat16`) with bfloat16 weights:
 - prefill tokens/s for a 128-token prompt and decode tokens/s for 64 new tokens, per backend (medians);
-- the machine's read bandwidth (a large matrix-vector product, read before and after the backends) and
-  matmul FLOP/s;
+- the machine's read bandwidth (a large float32 matrix-vector product, read before and after the backends)
+  and matmul FLOP/s;
 - each backend's ratio to transformers, and decode's fraction of the weight-streaming limit
-  (read bandwidth / weight bytes per token: every weight is read once per decoded token).
+  (read bandwidth / weight bytes per token: every weight is read once per decoded token, 2.38 GB in float32,
+  1.19 GB in bfloat16);
+- the machine (processor, cores, the flags that decide the fast CPU paths: benchmarks/machine.py), and the
+  path each backend's products took per shape with what choosing cost (torch_impl/linear.py,
+  jax_impl/linear.py).
 `--json PATH` writes the same figures. Timings are never asserted in tests: this script is where they live.
 """
 
@@ -26,7 +30,10 @@ if __package__ in (None, ""):  # run as a file: its own folder would shadow the 
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import spec  # noqa: E402
+from benchmarks import machine as machine_info  # noqa: E402
 from benchmarks.qwen3_shape import qwen3_0_6b_checkpoint  # noqa: E402
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def interleaved_medians(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -104,13 +111,22 @@ class TokenClock:
         self.stamps.append(time.perf_counter())
 
 
-def bench_backend(name: str, directory: Path, prompt: np.ndarray, new_tokens: int, repeats: int) -> dict:
+def chosen_paths(name: str) -> dict:
+    """The path each product shape took in this process and the seconds choosing cost (our backends only)."""
+    if name == "transformers":
+        return {"paths": {}, "choice_cost_s": 0.0}
+    paths = __import__(f"{name}.linear", fromlist=["PATHS"]).PATHS
+    shapes = {" ".join(map(str, key)): choice.path for key, choice in sorted(paths.chosen().items(), key=str)}
+    return {"paths": shapes, "choice_cost_s": paths.cost()}
+
+
+def bench_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, new_tokens: int, repeats: int) -> dict:
     clock = TokenClock()
     if name == "transformers":
         import torch
         import transformers
 
-        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).eval()
         ids = torch.as_tensor(prompt)
 
         def run() -> list[float]:
@@ -122,7 +138,7 @@ def bench_backend(name: str, directory: Path, prompt: np.ndarray, new_tokens: in
 
     else:
         backend = __import__(name)
-        model = backend.from_pretrained(directory, "float32", progress=True)
+        model = backend.from_pretrained(directory, dtype, progress=True)
 
         def run() -> list[float]:
             clock.reset()
@@ -137,30 +153,35 @@ def bench_backend(name: str, directory: Path, prompt: np.ndarray, new_tokens: in
         prefill.append(prompt.shape[1] / (stamps[0] - clock.start))
         decode.append((new_tokens - 1) / (stamps[-1] - stamps[0]))
     result = {"prefill_tok_s": statistics.median(prefill), "decode_tok_s": statistics.median(decode)}
+    result |= {"prefill_runs": prefill, "decode_runs": decode, **chosen_paths(name)}
     print(
         f"  {name:13s} prefill {result['prefill_tok_s']:8.1f} tok/s   decode {result['decode_tok_s']:6.2f} tok/s "
         f"(runs: decode {', '.join(f'{d:.2f}' for d in decode)})"
     )
+    if result["paths"]:
+        taken = ", ".join(f"{shape}: {path}" for shape, path in result["paths"].items())
+        print(f"  {'':13s} paths (rows in out dtype[ bias]): {taken}; choosing took {result['choice_cost_s']:.2f} s")
     return result
 
 
 def worker(name: str, args: argparse.Namespace) -> dict:
     """One measurement in this (fresh) process: a backend, or the machine's bandwidth and FLOP/s."""
-    directory = qwen3_0_6b_checkpoint("float32")
+    directory = qwen3_0_6b_checkpoint(args.dtype)
     model_spec = spec.ModelSpec.from_pretrained(directory)
     if name == "machine":
         return {"read_bandwidth": read_bandwidth(args.repeats), "matmul_flops": matmul_flops(args.repeats)}
     if name == "bandwidth":
         return {"read_bandwidth": read_bandwidth(args.repeats)}
     prompt = np.random.default_rng(0).integers(0, model_spec.vocab_size, (1, args.prompt_len))
-    return bench_backend(name, directory, prompt, args.new_tokens, args.repeats)
+    return bench_backend(name, directory, args.dtype, prompt, args.new_tokens, args.repeats)
 
 
 def in_subprocess(name: str, args: argparse.Namespace) -> dict:
     """Each backend in its own process: torch's OpenMP threads and XLA's thread pool never share the cores,
     and one model's memory is returned to the system before the next loads."""
     cmd = [sys.executable, "-m", "benchmarks.cpu_decode", "--worker", name, "--repeats", str(args.repeats),
-           "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens)]  # fmt: skip
+           "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
+           "--dtype", args.dtype]  # fmt: skip
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True, check=True)
     lines = out.stdout.strip().splitlines()
@@ -174,16 +195,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32", help="the weights' dtype")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker, args)))
         return 0
 
-    directory = qwen3_0_6b_checkpoint("float32")  # written once, before any timing
-    weight_bytes = spec.parameter_count(spec.ModelSpec.from_pretrained(directory)) * 4  # fp32; tied table read once
+    directory = qwen3_0_6b_checkpoint(args.dtype)  # written once, before any timing
+    params = spec.parameter_count(spec.ModelSpec.from_pretrained(directory))
+    weight_bytes = params * DTYPE_BYTES[args.dtype]  # the tied table is read once per token
+    print(machine_info.line())
     print(
-        f"Qwen3-0.6B-shaped, float32, batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+        f"Qwen3-0.6B-shaped, {args.dtype}, batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
         f"median of {args.repeats}; each backend in its own process"
     )
     machine = in_subprocess("machine", args)
@@ -212,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     base["decode_fraction_of_limit"] = base["decode_tok_s"] / limit
     print(f"  transformers  decode at {100 * base['decode_fraction_of_limit']:.0f}% of the weight-streaming limit")
     results["machine"] = {
+        **machine_info.describe(),
+        "dtype": args.dtype,
         "read_bandwidth_gb_s": bandwidth / 1e9,
         "read_bandwidth_readings_gb_s": [r / 1e9 for r in readings],
         "matmul_gflop_s": flops / 1e9,

@@ -1,23 +1,32 @@
-"""`Linear`: Flax's nnx.Linear (kernel [in, out], bias) whose product takes, per shape, the faster of two
-equivalent forms on the machine that runs it.
+"""`Linear`: Flax's nnx.Linear (kernel [in, out], bias) whose product takes, per shape, the fastest of
+equivalent forms on the machine that runs it; `product` gives a tied head's x @ E^T the same choice.
 
 Mirrors torch_impl/linear.py: each backend's CPU choice for the same projections. The parameters are
 nnx.Linear's own, so the loader, sharding rules and checkpoints see no difference; only `dot_general` changes.
 
-x [m, in] @ W [in, out] with few rows m (a decode step) streams W, and how fast XLA:CPU's dot streams a tall,
-narrow [in, out] weight depends on the processor. The other form splits the contraction into SPLIT_CHUNKS
-contiguous row blocks of W (a reshape, no copy: [in, out] -> [c, in/c, out]), one batched product per block
-and a sum of the c partial rows, which streams such weights faster on some processors (AMD EPYC) and not on
-others (docs/benchmarks.md). So neither is fixed: the first trace of each (rows, in, out, dtype) key asks
-`PATHS` (spec/path_choice.py), which compiles both forms as two small programs and times them outside the trace
-(`jax.ensure_compile_time_eval`) on arrays of that shape, over enough distinct weights that they cannot all
-stay in cache, as a decode step streams its weights. The process keeps the faster form for that key, so every
-later trace agrees; the compiled program holds whichever form was chosen when it was traced.
+A product x [m, in] @ W with few rows m (a decode step) streams W, and how fast depends on how XLA:CPU
+lowers it, which depends on the processor and the dtype. Three forms compute it:
 
-Both forms accumulate in float32 (the split sums its float32 partial rows, then casts); they differ only by
-summation order (tests/jax_impl/test_linear.py checks each against a float64 product). `PATHS.forced("split")`
-or `dot_general(..., path=...)` pins a form while tracing (tests, comparisons). Products with many rows
-(prefill) are compute-bound and keep the single dot; so do sharded products and other backends than the CPU.
+- dot: the single dot. XLA:CPU lowers a one-row product to its own matrix-vector code, which reads a
+  bfloat16 weight through a float32 copy of it; products of more rows go to its library matmul.
+- split: the contraction in SPLIT_CHUNKS contiguous row blocks of W (a reshape, no copy: [in, out] ->
+  [c, in/c, out]), one batched product per block and a sum of the c partial rows: on some processors it
+  streams tall, narrow [in, out] weights faster than the single dot (docs/benchmarks.md).
+- pad: a single row padded with a zero row, so that XLA hands the product to its library matmul (which
+  reads bfloat16 weights as they are) instead of its matrix-vector code; the padding row's result is dropped.
+
+None is fixed: the first trace of each (rows, in, out, dtype, layout) key asks `PATHS` (spec/path_choice.py),
+which compiles the forms that apply as small programs of their own and times them outside the trace
+(`jax.ensure_compile_time_eval`) on arrays of that shape, over enough distinct weights that they cannot all
+stay in cache, as a decode step streams its weights. The process keeps the fastest form for that key, so every
+later trace agrees; a compiled program holds whichever form was chosen when it was traced. A weight under
+MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single dot without measuring.
+
+Every form accumulates in float32 and rounds once to the output dtype; they differ only by summation order
+(tests/jax_impl/test_linear.py checks each against a float64 product). `PATHS.forced(path)` or
+`dot_general(..., path=...)` pins a form while tracing (tests, comparisons). Products with more than
+CHOICE_MAX_ROWS rows (prefill) are compute-bound and keep the single dot; so do sharded products and other
+backends than the CPU.
 """
 
 from __future__ import annotations
@@ -36,8 +45,9 @@ from spec.path_choice import PathChoice
 PATHS = PathChoice("jax_impl.linear", ("dot", "split", "pad"))  # the first is the plain path
 SPLIT_CHUNKS = 8  # row blocks of W in the split form
 CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight and has a choice; more keep the dot
-STREAM_BYTES = 256 << 20  # the weights one timing pass streams, more than a core's share of cache
+STREAM_BYTES = 64 << 20  # the weights one timing pass streams: more than a core's share of cache
 MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
+MIN_CHOICE_BYTES = 256 << 10  # smaller weights (test models) stay in cache and keep the dot unmeasured
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
@@ -109,9 +119,12 @@ def _programs(axis: int, precision, preferred_element_type) -> dict[str, Callabl
 
 def _candidates(forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], dtype, axis: int, precision,
                 preferred_element_type) -> dict[str, Callable]:  # fmt: skip
-    """One timing pass per form: the product of `rows` rows over `copies` distinct weights of rhs's shape."""
+    """One timing pass per form: the product of `rows` rows over distinct weights of rhs's shape that together
+    stream STREAM_BYTES (a W[out, in] larger than that, a tied head's table: its first STREAM_BYTES of rows)."""
     dtype = jnp.dtype(dtype)
     k = rhs_shape[axis]
+    if axis == 1 and math.prod(rhs_shape) * dtype.itemsize > STREAM_BYTES:
+        rhs_shape = (max(1, STREAM_BYTES // (k * dtype.itemsize)), k)
     copies = min(MAX_COPIES, max(1, -(-STREAM_BYTES // (math.prod(rhs_shape) * dtype.itemsize))))
     with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
         x = jnp.asarray(np.ones((rows, k), dtype))
@@ -135,6 +148,8 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
     forced = PATHS.forced_path()
     if forced is not None:
         return forced if forced in forms else "dot"
+    if math.prod(rhs.shape) * jnp.dtype(rhs.dtype).itemsize < MIN_CHOICE_BYTES:
+        return "dot"  # a weight that stays in cache: nothing to stream, nothing worth measuring
     key = (rows, rhs.shape[axis], rhs.shape[1 - axis], jnp.dtype(lhs.dtype).name, "x@W" if axis == 0 else "x@W^T")
     measure = functools.partial(_candidates, forms, rows, rhs.shape, lhs.dtype, axis, precision, preferred_element_type)
     return PATHS.choose(key, measure)

@@ -13,6 +13,7 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
   times both paths (spec/path_choice.py) and the process keeps the faster. A decode-sized product (few rows)
   is timed over enough distinct weights of its shape that they cannot all stay in cache, as a decode step
   streams its weights; a prefill-sized one, which is compute-bound, on the weight it was called with.
+  A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps F.linear without measuring.
   `PATHS.forced("onednn")` or `linear(..., path=...)` pins a path (tests, comparisons).
 
 Autograd (the oneDNN op has no backward), non-CPU tensors, non-contiguous weights and dtypes other than float32
@@ -34,8 +35,9 @@ from spec.path_choice import PathChoice
 
 PATHS = PathChoice("torch_impl.linear", ("f_linear", "onednn"))  # the first is the plain path
 STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
-STREAM_BYTES = 256 << 20  # the weights one such timing pass streams, more than a core's share of cache
+STREAM_BYTES = 64 << 20  # the weights one such timing pass streams: more than a core's share of cache
 MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
+MIN_CHOICE_BYTES = 256 << 10  # smaller weights (test models) stay in cache and keep F.linear unmeasured
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -87,19 +89,27 @@ def has_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 def _candidates(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, Callable[[], object]]:
-    """One timing pass per path: the product over `copies` distinct weights of this shape (see the docstring)."""
-    nbytes = weight.numel() * weight.element_size()
-    copies = 1 if x2.shape[0] > STREAM_ROWS else min(MAX_COPIES, max(1, -(-STREAM_BYTES // nbytes)))
-    weights = [weight] if copies == 1 else torch.ones(copies, *weight.shape, dtype=weight.dtype).unbind(0)
+    """One timing pass per path (see the docstring). Few rows: the product over distinct weights of this shape
+    that together stream STREAM_BYTES (a weight larger than that: its first STREAM_BYTES of output rows, a view).
+    Many rows: the product with the weight it was called with."""
+    row_bytes = weight.shape[1] * weight.element_size()
+    if x2.shape[0] > STREAM_ROWS:
+        weights, b = [weight], bias
+    elif weight.shape[0] * row_bytes >= STREAM_BYTES:
+        out = STREAM_BYTES // row_bytes
+        weights, b = [weight[:out]], None if bias is None else bias[:out]
+    else:
+        copies = min(MAX_COPIES, -(-STREAM_BYTES // (weight.shape[0] * row_bytes)))
+        weights, b = torch.ones(copies, *weight.shape, dtype=weight.dtype).unbind(0), bias
     x2 = x2.contiguous()
 
     def f_linear() -> None:
         for w in weights:
-            F.linear(x2, w, bias)
+            F.linear(x2, w, b)
 
     def onednn() -> None:
         for w in weights:
-            _onednn(x2, w, bias)
+            _onednn(x2, w, b)
 
     return {"f_linear": f_linear, "onednn": onednn}
 
@@ -109,6 +119,8 @@ def path_of(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     x2 = x.reshape(-1, x.shape[-1])
     if not has_choice(x2, weight, bias):
         return "f_linear"
+    if weight.numel() * weight.element_size() < MIN_CHOICE_BYTES and PATHS.forced_path() is None:
+        return "f_linear"  # a weight that stays in cache: nothing to stream, nothing worth measuring
     key = (x2.shape[0], weight.shape[1], weight.shape[0], str(x.dtype).removeprefix("torch."), bias is not None)
     return PATHS.choose(key, lambda: _candidates(x2, weight, bias))
 

@@ -4,13 +4,25 @@ Nothing here depends on which form is the faster on this machine: each test hold
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from jax_impl.linear import CHOICE_MAX_ROWS, PATHS, SPLIT_CHUNKS, Linear, dot_general, has_choice, path_of
+from jax_impl.linear import (
+    CHOICE_MAX_ROWS,
+    PATHS,
+    SPLIT_CHUNKS,
+    Linear,
+    dot_general,
+    forms_for,
+    has_choice,
+    path_of,
+    product,
+)
 from parity.tolerances import TOLERANCES
 
 MAX_REL = TOLERANCES["float32"].max_rel  # reordered float32 sums, the table's reviewed bound
@@ -41,7 +53,7 @@ def fresh_choices():
     PATHS._chosen.update(saved)
 
 
-@pytest.mark.parametrize("path", [None, "dot", "split"])  # None: the measured choice
+@pytest.mark.parametrize("path", [None, "dot", "split", "pad"])  # None: the measured choice
 @pytest.mark.parametrize("lead", [(1,), (1, 1, 1), (3,), (2, 5)])  # 10 rows: more than CHOICE_MAX_ROWS
 @pytest.mark.parametrize("in_features", [40, 37])  # 40 = 8 blocks of 5 rows; 37 cannot be split
 @pytest.mark.parametrize("bias", [False, True])
@@ -59,7 +71,7 @@ def test_linear_matches_float64_product(path, lead, in_features, bias):
     assert max_rel(got, want) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["dot", "split"])
+@pytest.mark.parametrize("path", ["dot", "split", "pad"])
 def test_bfloat16_forms_match_float64_product(path):
     gen = np.random.default_rng(6)
     x = jnp.asarray(gen.standard_normal((1, 96)), jnp.bfloat16)
@@ -71,12 +83,17 @@ def test_bfloat16_forms_match_float64_product(path):
 
 def test_which_products_have_a_choice():
     x, w = jnp.ones((CHOICE_MAX_ROWS, 64)), jnp.ones((64, 24))
-    assert has_choice(x, w, LINEAR_DIMS) is ON_CPU
+    transposed = (((1,), (1,)), ((), ()))  # x @ W^T, W [out, in]: a tied head's product
+    assert forms_for(x, w, LINEAR_DIMS) == (("dot", "split") if ON_CPU else ("dot",))
+    assert forms_for(x[:1], w, LINEAR_DIMS) == (("dot", "split", "pad") if ON_CPU else ("dot",))
+    assert forms_for(x[:1], w.T, transposed) == (("dot", "pad") if ON_CPU else ("dot",))
+    assert not has_choice(x, w.T, transposed)  # no split of W^T's columns, no padding of 8 rows
     assert has_choice(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), LINEAR_DIMS) is ON_CPU
     assert not has_choice(jnp.ones((CHOICE_MAX_ROWS + 1, 64)), w, LINEAR_DIMS)  # prefill-sized: the single dot
-    assert not has_choice(x[:, :60], w[:60], LINEAR_DIMS)  # 60 rows of W: no 8 equal blocks
+    assert not has_choice(x[:, :60], w[:60], LINEAR_DIMS)  # 60 rows of W: no 8 equal blocks, 8 rows: no pad
+    assert forms_for(x[:1, :60], w[:60], LINEAR_DIMS) == (("dot", "pad") if ON_CPU else ("dot",))
     assert not has_choice(x.astype(jnp.float16), w.astype(jnp.float16), LINEAR_DIMS)
-    assert not has_choice(x, w.T, (((1,), (1,)), ((), ())))  # not nnx.Linear's form
+    assert not has_choice(x[:1], w, (((1,), (0,)), ((0,), (1,))))  # batch dimensions: not a Linear's product
 
 
 def test_forced_forms_are_what_runs(fresh_choices):
@@ -88,7 +105,9 @@ def test_forced_forms_are_what_runs(fresh_choices):
 
     if ON_CPU:
         assert "reduce_sum" in program(1, "split") and f"{SPLIT_CHUNKS},8,24" in program(1, "split").replace(" ", "")
-    assert "reduce_sum" not in program(1, "dot")
+        assert "concatenate" in program(1, "pad") and "2,24" in program(1, "pad").replace(" ", "")
+    assert "reduce_sum" not in program(1, "dot") and "concatenate" not in program(1, "dot")
+    assert "concatenate" not in program(2, "pad")  # two rows: nothing to pad
     assert "reduce_sum" not in program(CHOICE_MAX_ROWS + 1, "split")  # no choice there: the single dot
     assert fresh_choices.chosen() == {}  # pinned: nothing measured
     with pytest.raises(ValueError, match="unknown path"):
@@ -98,13 +117,15 @@ def test_forced_forms_are_what_runs(fresh_choices):
 @pytest.mark.skipif(not ON_CPU, reason="the choice is made on the CPU only")
 def test_choice_is_measured_once_per_shape_outside_the_trace(fresh_choices):
     gen = np.random.default_rng(3)
-    x = jnp.asarray(gen.standard_normal((1, 1, 128)), jnp.float32)
-    w = jnp.asarray(gen.standard_normal((128, 101)) / 128**0.5, jnp.float32)
+    x = jnp.asarray(gen.standard_normal((1, 1, 256)), jnp.float32)
+    w = jnp.asarray(gen.standard_normal((256, 320)) / 256**0.5, jnp.float32)  # 320 KiB: over MIN_CHOICE_BYTES
     dims = (((2,), (0,)), ((), ()))
+    assert path_of(x[..., :64], w[:64, :24], dims) == "dot"  # 6 KiB: stays in cache, not measured
+    assert fresh_choices.chosen() == {}
     got = jax.jit(lambda x, w: dot_general(x, w, dims, precision=jax.lax.Precision.HIGHEST))(x, w)
     assert max_rel(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64)) <= MAX_REL
     (key,) = fresh_choices.chosen()
-    assert key == (1, 128, 101, "float32")
+    assert key == (1, 256, 320, "float32", "x@W")
     choice = fresh_choices.chosen()[key]
     assert choice.path in PATHS.paths and set(choice.seconds) == set(PATHS.paths) and choice.cost > 0
     assert path_of(x, w, dims) == choice.path  # eager, or traced again: the same form, not measured again
@@ -112,7 +133,18 @@ def test_choice_is_measured_once_per_shape_outside_the_trace(fresh_choices):
     assert fresh_choices.chosen() == {key: choice}
 
 
-def test_split_and_single_dot_agree():
+@pytest.mark.parametrize("path", [None, "dot", "pad"])
+def test_tied_head_product_matches_float64(path):
+    gen = np.random.default_rng(7)
+    x = jnp.asarray(gen.standard_normal((1, 1, 96)), jnp.float32)
+    table = jnp.asarray(gen.standard_normal((263, 96)), jnp.float32)  # [V, H], a vocabulary not a power of two
+    with PATHS.forced(path) if path else contextlib.nullcontext():
+        got = jax.jit(lambda x, e: product(x, e, precision=jax.lax.Precision.HIGHEST))(x, table)
+    assert got.shape == (1, 1, 263)
+    assert max_rel(got, np.asarray(x, np.float64) @ np.asarray(table, np.float64).T) <= MAX_REL
+
+
+def test_every_form_agrees():
     gen = np.random.default_rng(3)
     x = jnp.asarray(gen.standard_normal((1, 1, 3072)), jnp.float32)  # down_proj's width, a decode step
     w = jnp.asarray(gen.standard_normal((3072, 101)) / 3072**0.5, jnp.float32)
@@ -122,7 +154,7 @@ def test_split_and_single_dot_agree():
         assert max_rel(dot_general(x, w, dims, precision=hi, path=path), want) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["dot", "split"])
+@pytest.mark.parametrize("path", ["dot", "split", "pad"])
 def test_gradients_match_the_single_dot(path):
     layer = make_linear(48, 29, bias=True)
     x = jax.random.normal(jax.random.key(4), (1, 1, 48))

@@ -70,19 +70,21 @@ def test_which_products_have_a_choice():
 
 
 def test_choice_is_measured_once_per_shape(fresh_choices):
-    x, w, b = torch.randn(1, 64), torch.randn(24, 64), torch.randn(24)
+    x, w, b = torch.randn(1, 256), torch.randn(320, 256), torch.randn(320)  # 320 KiB: over MIN_CHOICE_BYTES
     if not has_choice(x, w):
         pytest.skip("this torch build has no usable oneDNN linear: F.linear is the only path")
     with torch.inference_mode():
+        assert path_of(x[:, :64], w[:24, :64].contiguous()) == "f_linear"  # 6 KiB: stays in cache, not measured
+        assert fresh_choices.chosen() == {}
         first = path_of(x, w, b)
         assert first in PATHS.paths
         (key,) = fresh_choices.chosen()
-        assert key == (1, 64, 24, "float32", True)
+        assert key == (1, 256, 320, "float32", True)
         choice = fresh_choices.chosen()[key]
         assert set(choice.seconds) == set(PATHS.paths) and choice.cost > 0
-        assert [path_of(x.view(1, 1, 64), w, b) for _ in range(3)] == [first] * 3  # leading dims: the same key
+        assert [path_of(x.view(1, 1, 256), w, b) for _ in range(3)] == [first] * 3  # leading dims: the same key
         assert fresh_choices.chosen() == {key: choice}  # not measured again
-        path_of(torch.randn(2, 64), w, b)  # another row count: its own measurement
+        path_of(torch.randn(2, 256), w, b)  # another row count: its own measurement
         assert len(fresh_choices.chosen()) == 2
 
 

@@ -81,7 +81,7 @@ def _sharded_logits(graphdef, state, ids, key_valid):
 
 def sharded_logits(model, ids: np.ndarray, mesh: Mesh) -> jax.Array:
     """Uncached forward on the mesh: logits [B, T, V_pad] that stay sharded over the vocabulary."""
-    ids = check_token_ids(np.asarray(ids), model.spec)
+    ids = check_token_ids(ids, model.spec)
     graphdef, state = nnx.split(model)
     with jax.set_mesh(mesh):
         rows = NamedSharding(mesh, P(DATA, None))

@@ -85,7 +85,7 @@ def _value_and_grad(graphdef, params, rest, ids, key_valid, labels):
 
 
 def _batch(model: CausalLM, input_ids, labels, attention_mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    ids = check_token_ids(np.asarray(input_ids), model.spec)
+    ids = check_token_ids(input_ids, model.spec)
     counted = check_labels(labels, ids, model.spec, attention_mask)
     key_valid = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
     if key_valid.shape != ids.shape:

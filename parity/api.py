@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from parity.environment import prepare_environment
 from parity.hf_reference import hf_available
 from parity.inputs import resolve_ids
 from parity.report import Report
+from parity.request import KEEP_IDS, Request
 from parity.tensor_parallel import jax_tp_logits, torch_tp_logits
 from parity.tolerances import tolerance_for
 from parity.trace import Capture
@@ -32,7 +32,6 @@ from spec.parallel import check_tp_degree
 from spec.training import AdamW
 
 REFERENCES = ("hf",)
-_KEEP_IDS = 4096  # ids are stored in the report (and its JSON) up to this many, so a run can be replayed
 
 
 def resolve_checkpoint(checkpoint: str | Path | None) -> Path:
@@ -45,20 +44,6 @@ def resolve_checkpoint(checkpoint: str | Path | None) -> Path:
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory (pass the checkpoint's directory, not a file in it)")
     return path
-
-
-@dataclass(frozen=True)
-class Request:
-    """A validated check: everything `check` needs, settled before any model loads."""
-
-    directory: Path
-    spec: ModelSpec
-    ids: np.ndarray
-    dtype: str
-    kernels: str
-    reference: str | None
-    baseline: bool
-    tp: int
 
 
 def check(
@@ -251,7 +236,7 @@ class _Run:
             comparisons=comparisons,
             drift=drift,
             timings=self.timings,
-            ids=r.ids.tolist() if r.ids.size <= _KEEP_IDS else None,
+            ids=r.ids.tolist() if r.ids.size <= KEEP_IDS else None,
         )
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from parity.compare import Comparison, ComponentResult, compare_traces
 from parity.metrics import array_metrics
 from parity.report import Report
+from parity.request import KEEP_IDS
 from parity.tolerances import STEP_REASON, STEP_RMS_REL, tolerance_for
 from parity.trace import release_memory
 from spec.training import AdamW, backward_order
@@ -241,7 +242,7 @@ def grad_report(request, steps: int, config: AdamW | None, say: Callable[[str], 
         input_shape=tuple(int(n) for n in r.ids.shape),
         tolerance=tolerance_for(r.dtype, grad=True),
         comparisons=comparisons,
-        ids=r.ids.tolist() if r.ids.size <= 4096 else None,
+        ids=r.ids.tolist() if r.ids.size <= KEEP_IDS else None,
         order=[LOSS, *backward_order(spec)],
         steps=step_results,
     )

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from parity.api import _KEEP_IDS, Request
 from parity.compare import Comparison, compare_traces
 from parity.components import LAYER_COMPONENTS, LOGITS, hf_components, residual_stream
 from parity.report import Report
+from parity.request import KEEP_IDS, Request
 from parity.tolerances import tolerance_for
 
 
@@ -165,7 +165,7 @@ class StreamedRun:
             comparisons=self.free,
             drift=self.drift,
             timings=timings,
-            ids=r.ids.tolist() if r.ids.size <= _KEEP_IDS else None,
+            ids=r.ids.tolist() if r.ids.size <= KEEP_IDS else None,
             teacher_forced=self.forced,
             teacher=self.teacher,
             mode="streamed",

@@ -137,7 +137,7 @@ def launch_logits(
     """Full logits [B, T, V] of a `tp`-way sharded forward, gathered (the check path), on the CPU."""
     spec = ModelSpec.from_pretrained(path)
     check_tp_degree(spec, tp)  # fail here, before any process starts
-    ids = check_token_ids(np.asarray(input_ids), spec)
+    ids = check_token_ids(input_ids, spec)
     return run_tp(_logits_worker, tp, str(path), ids, attention_mask, dtype, kernels, backend=backend)
 
 
@@ -175,7 +175,7 @@ def launch_grads(
     logits (never gathered) and every gradient by checkpoint name, put together from the ranks' slices."""
     spec = ModelSpec.from_pretrained(path)
     check_tp_degree(spec, tp)
-    ids = check_token_ids(np.asarray(input_ids), spec)
+    ids = check_token_ids(input_ids, spec)
     return run_tp(_grads_worker, tp, str(path), ids, attention_mask, dtype, kernels, backend=backend)
 
 

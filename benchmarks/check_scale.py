@@ -52,7 +52,7 @@ def _one(path: str, stream: bool, seq_len: int) -> dict:
     wall = time.perf_counter() - start
     out = {
         "wall_s": wall,
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,  # KiB -> GB (10^9 bytes)
         "passed": report.passed,
         "mode": report.mode,
         "timings": report.timings,
@@ -111,8 +111,8 @@ def run(sizes: list[str], seq_len: int, cache: Path | None) -> dict:
     out: dict = {"machine": machine.describe(), "load_at_start": os.getloadavg(), "seq_len": seq_len, "sizes": {}}
     for size in sizes:
         path = scale_checkpoint(size, cache)
-        row: dict = {"layers": SIZES[size].num_hidden_layers, "layer_gb_f32": layer_bytes(size) / 2**30}
-        row["checkpoint_gb"] = checkpoint_bytes(SIZES[size]) / 2**30
+        row: dict = {"layers": SIZES[size].num_hidden_layers, "layer_gb_f32": layer_bytes(size) / 1e9}
+        row["checkpoint_gb"] = checkpoint_bytes(SIZES[size]) / 1e9
         row["streamed"] = measure(path, True, seq_len)
         fits, need, have = whole_fits(path, seq_len)
         row["whole_estimate_gib"], row["available_gib"] = need, have
@@ -131,9 +131,9 @@ def floors(rows: dict) -> dict:
         rss = rows["8b"]["streamed"]["peak_rss_gb"]
         result["8b_streamed_peak_rss_le_4gb"] = {"value_gb": rss, "passed": rss <= FLOOR_8B_RSS_GB}
     if "8b" in rows and "8b-4l" in rows:
-        grow = (rows["8b"]["streamed"]["peak_rss_gb"] - rows["8b-4l"]["streamed"]["peak_rss_gb"]) * 2**30
+        grow = (rows["8b"]["streamed"]["peak_rss_gb"] - rows["8b-4l"]["streamed"]["peak_rss_gb"]) * 1e9
         limit = layer_bytes("8b")
-        result["32_more_layers_add_less_than_one_layer"] = {"added_gb": grow / 2**30, "passed": grow < limit}
+        result["32_more_layers_add_less_than_one_layer"] = {"added_gb": grow / 1e9, "passed": grow < limit}
     ratios = {size: row["wall_ratio"] for size, row in rows.items() if "wall_ratio" in row}
     if ratios:
         result["streamed_wall_le_1.2x_whole"] = {"ratios": ratios, "passed": max(ratios.values()) <= FLOOR_WALL_RATIO}

@@ -12,8 +12,10 @@ lowers it, which depends on the processor and the dtype. Three forms compute it:
 - split: the contraction in SPLIT_CHUNKS contiguous row blocks of W (a reshape, no copy: [in, out] ->
   [c, in/c, out]), one batched product per block and a sum of the c partial rows: on some processors it
   streams tall, narrow [in, out] weights faster than the single dot (docs/benchmarks.md).
-- pad: a single row padded with a zero row, so that XLA hands the product to its library matmul (which
-  reads bfloat16 weights as they are) instead of its matrix-vector code; the padding row's result is dropped.
+- pad: a single bfloat16 row padded with a zero row, so that XLA hands the product to its library matmul
+  (which reads bfloat16 weights as they are) instead of its matrix-vector code; the padding row's result is
+  dropped. Not offered in float32, where the matrix-vector code reads the weight directly and two-row
+  products streamed slower than one-row ones on both processor families measured (docs/benchmarks.md).
 
 None is fixed: the first trace of each (rows, in, out, dtype, layout) key asks `PATHS` (spec/path_choice.py),
 which compiles the forms that apply as small programs of their own and times them outside the trace
@@ -63,7 +65,7 @@ def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=No
     """The forms that can compute this product, the single dot first; more than one only on the CPU, for
     float32 or bfloat16 products of at most CHOICE_MAX_ROWS token rows, unsharded.
 
-    split: x @ W[in, out] with in-features that make SPLIT_CHUNKS equal blocks; pad: a single row."""
+    split: x @ W[in, out] with in-features that make SPLIT_CHUNKS equal blocks; pad: a single bfloat16 row."""
     axis = _contracted(lhs, rhs, dimension_numbers)
     rows = math.prod(lhs.shape[:-1])
     if not (
@@ -77,7 +79,8 @@ def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=No
     ):
         return ("dot",)
     split = ("split",) if axis == 0 and rhs.shape[0] % SPLIT_CHUNKS == 0 else ()
-    return ("dot", *split, *(("pad",) if rows == 1 else ()))
+    pad = ("pad",) if rows == 1 and jnp.dtype(lhs.dtype) != jnp.float32 else ()  # see the docstring
+    return ("dot", *split, *pad)
 
 
 def has_choice(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=None) -> bool:

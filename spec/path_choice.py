@@ -42,7 +42,7 @@ class PathChoice:
         name: str,
         paths: tuple[str, ...],
         *,
-        repeats: int = 3,
+        repeats: int = 2,
         margin: float = 0.03,
         clock: Callable[[], float] = time.perf_counter,
     ):

@@ -85,29 +85,33 @@ def test_which_products_have_a_choice():
     x, w = jnp.ones((CHOICE_MAX_ROWS, 64)), jnp.ones((64, 24))
     transposed = (((1,), (1,)), ((), ()))  # x @ W^T, W [out, in]: a tied head's product
     assert forms_for(x, w, LINEAR_DIMS) == (("dot", "split") if ON_CPU else ("dot",))
-    assert forms_for(x[:1], w, LINEAR_DIMS) == (("dot", "split", "pad") if ON_CPU else ("dot",))
-    assert forms_for(x[:1], w.T, transposed) == (("dot", "pad") if ON_CPU else ("dot",))
+    assert forms_for(x[:1], w, LINEAR_DIMS) == (("dot", "split") if ON_CPU else ("dot",))  # float32: no pad
+    xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+    assert forms_for(xb[:1], wb, LINEAR_DIMS) == (("dot", "split", "pad") if ON_CPU else ("dot",))
+    assert forms_for(xb[:1], wb.T, transposed) == (("dot", "pad") if ON_CPU else ("dot",))
     assert not has_choice(x, w.T, transposed)  # no split of W^T's columns, no padding of 8 rows
     assert has_choice(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), LINEAR_DIMS) is ON_CPU
     assert not has_choice(jnp.ones((CHOICE_MAX_ROWS + 1, 64)), w, LINEAR_DIMS)  # prefill-sized: the single dot
     assert not has_choice(x[:, :60], w[:60], LINEAR_DIMS)  # 60 rows of W: no 8 equal blocks, 8 rows: no pad
-    assert forms_for(x[:1, :60], w[:60], LINEAR_DIMS) == (("dot", "pad") if ON_CPU else ("dot",))
+    assert forms_for(xb[:1, :60], wb[:60], LINEAR_DIMS) == (("dot", "pad") if ON_CPU else ("dot",))
     assert not has_choice(x.astype(jnp.float16), w.astype(jnp.float16), LINEAR_DIMS)
     assert not has_choice(x[:1], w, (((1,), (0,)), ((0,), (1,))))  # batch dimensions: not a Linear's product
 
 
 def test_forced_forms_are_what_runs(fresh_choices):
     """The split form's partial sums appear in the program when pinned, and only where the choice applies."""
-    w = jnp.ones((64, 24))
 
-    def program(rows: int, path: str) -> str:
-        return str(jax.make_jaxpr(lambda x: dot_general(x, w, LINEAR_DIMS, path=path))(jnp.ones((rows, 64))))
+    def program(rows: int, path: str, dtype=jnp.float32) -> str:
+        w, x = jnp.ones((64, 24), dtype), jnp.ones((rows, 64), dtype)
+        return str(jax.make_jaxpr(lambda x: dot_general(x, w, LINEAR_DIMS, path=path))(x))
 
     if ON_CPU:
         assert "reduce_sum" in program(1, "split") and f"{SPLIT_CHUNKS},8,24" in program(1, "split").replace(" ", "")
-        assert "concatenate" in program(1, "pad") and "2,24" in program(1, "pad").replace(" ", "")
-    assert "reduce_sum" not in program(1, "dot") and "concatenate" not in program(1, "dot")
-    assert "concatenate" not in program(2, "pad")  # two rows: nothing to pad
+        padded = program(1, "pad", jnp.bfloat16)
+        assert "concatenate" in padded and "2,24" in padded.replace(" ", "")
+    assert "reduce_sum" not in program(1, "dot") and "concatenate" not in program(1, "dot", jnp.bfloat16)
+    assert "concatenate" not in program(1, "pad")  # float32: no pad form, the single dot
+    assert "concatenate" not in program(2, "pad", jnp.bfloat16)  # two rows: nothing to pad
     assert "reduce_sum" not in program(CHOICE_MAX_ROWS + 1, "split")  # no choice there: the single dot
     assert fresh_choices.chosen() == {}  # pinned: nothing measured
     with pytest.raises(ValueError, match="unknown path"):
@@ -115,33 +119,36 @@ def test_forced_forms_are_what_runs(fresh_choices):
 
 
 @pytest.mark.skipif(not ON_CPU, reason="the choice is made on the CPU only")
-def test_choice_is_measured_once_per_shape_outside_the_trace(fresh_choices):
+@pytest.mark.parametrize(("dtype", "tol"), [(jnp.float32, MAX_REL), (jnp.bfloat16, BF16_REL)])
+def test_choice_is_measured_once_per_shape_outside_the_trace(fresh_choices, dtype, tol):
     gen = np.random.default_rng(3)
-    x = jnp.asarray(gen.standard_normal((1, 1, 256)), jnp.float32)
-    w = jnp.asarray(gen.standard_normal((256, 320)) / 256**0.5, jnp.float32)  # 320 KiB: over MIN_CHOICE_BYTES
+    x = jnp.asarray(gen.standard_normal((1, 1, 512)), dtype)
+    w = jnp.asarray(gen.standard_normal((512, 320)) / 512**0.5, dtype)  # 320 KiB in bfloat16: over MIN_CHOICE_BYTES
     dims = (((2,), (0,)), ((), ()))
-    assert path_of(x[..., :64], w[:64, :24], dims) == "dot"  # 6 KiB: stays in cache, not measured
+    assert path_of(x[..., :64], w[:64, :24], dims) == "dot"  # 3-6 KiB: stays in cache, not measured
     assert fresh_choices.chosen() == {}
     got = jax.jit(lambda x, w: dot_general(x, w, dims, precision=jax.lax.Precision.HIGHEST))(x, w)
-    assert max_rel(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64)) <= MAX_REL
+    assert max_rel(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64)) <= tol
     (key,) = fresh_choices.chosen()
-    assert key == (1, 256, 320, "float32", "x@W")
+    assert key == (1, 512, 320, jnp.dtype(dtype).name, "x@W")
     choice = fresh_choices.chosen()[key]
-    assert choice.path in PATHS.paths and set(choice.seconds) == set(PATHS.paths) and choice.cost > 0
+    forms = forms_for(x, w, dims)
+    assert choice.path in forms and set(choice.seconds) == set(forms) and choice.cost > 0
     assert path_of(x, w, dims) == choice.path  # eager, or traced again: the same form, not measured again
     jax.jit(lambda x, w: dot_general(x, w, dims) * 2)(x, w)
     assert fresh_choices.chosen() == {key: choice}
 
 
 @pytest.mark.parametrize("path", [None, "dot", "pad"])
-def test_tied_head_product_matches_float64(path):
+@pytest.mark.parametrize(("dtype", "tol"), [(jnp.float32, MAX_REL), (jnp.bfloat16, BF16_REL)])
+def test_tied_head_product_matches_float64(path, dtype, tol):
     gen = np.random.default_rng(7)
-    x = jnp.asarray(gen.standard_normal((1, 1, 96)), jnp.float32)
-    table = jnp.asarray(gen.standard_normal((263, 96)), jnp.float32)  # [V, H], a vocabulary not a power of two
+    x = jnp.asarray(gen.standard_normal((1, 1, 96)), dtype)
+    table = jnp.asarray(gen.standard_normal((263, 96)), dtype)  # [V, H], a vocabulary not a power of two
     with PATHS.forced(path) if path else contextlib.nullcontext():
         got = jax.jit(lambda x, e: product(x, e, precision=jax.lax.Precision.HIGHEST))(x, table)
-    assert got.shape == (1, 1, 263)
-    assert max_rel(got, np.asarray(x, np.float64) @ np.asarray(table, np.float64).T) <= MAX_REL
+    assert got.shape == (1, 1, 263) and got.dtype == dtype
+    assert max_rel(got, np.asarray(x, np.float64) @ np.asarray(table, np.float64).T) <= tol
 
 
 def test_every_form_agrees():
@@ -154,20 +161,23 @@ def test_every_form_agrees():
         assert max_rel(dot_general(x, w, dims, precision=hi, path=path), want) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["dot", "split", "pad"])
-def test_gradients_match_the_single_dot(path):
+@pytest.mark.parametrize(("path", "dtype", "tol"), [("dot", jnp.float32, MAX_REL), ("split", jnp.float32, MAX_REL),
+                                                     ("pad", jnp.bfloat16, 4 * BF16_REL)])  # fmt: skip
+def test_gradients_match_the_single_dot(path, dtype, tol):
     layer = make_linear(48, 29, bias=True)
-    x = jax.random.normal(jax.random.key(4), (1, 1, 48))
-    w, b = layer.kernel[...], layer.bias[...]
+    x = jax.random.normal(jax.random.key(4), (1, 1, 48)).astype(dtype)
+    w, b = layer.kernel[...].astype(dtype), layer.bias[...].astype(dtype)
     dims, hi = (((2,), (0,)), ((), ())), jax.lax.Precision.HIGHEST
 
     def loss(x, w, dot):
-        return jnp.sum(jnp.square(dot(x, w, dims, precision=hi) + b))
+        return jnp.sum(jnp.square(dot(x, w, dims, precision=hi).astype(jnp.float32) + b))
 
     got = jax.grad(loss, argnums=(0, 1))(x, w, lambda *a, **k: dot_general(*a, **k, path=path))
-    want = jax.grad(loss, argnums=(0, 1))(x, w, jax.lax.dot_general)
+    x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)  # the reference: float32 throughout
+    want = jax.grad(loss, argnums=(0, 1))(x32, w32, jax.lax.dot_general)
     for g, r in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, r, rtol=MAX_REL, atol=MAX_REL * float(jnp.abs(r).max()))
+        g = np.asarray(g, np.float32)
+        np.testing.assert_allclose(g, r, rtol=tol, atol=tol * float(jnp.abs(r).max()))
 
 
 def test_parameters_are_nnx_linears():

@@ -1,7 +1,8 @@
 """CPU prefill and decode throughput: torch_impl, jax_impl and transformers on one Qwen3-0.6B-shaped model.
 
 One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat16`) with bfloat16 weights:
-- prefill tokens/s for a 128-token prompt and decode tokens/s for 64 new tokens, per backend (medians);
+- prefill tokens/s for a 128-token prompt and decode tokens/s for 64 new tokens, per backend (medians of
+  `--repeats` runs; the three backends load in their own processes, then run in turn, run after run);
 - the machine's read bandwidth (a large float32 matrix-vector product, read before and after the backends)
   and matmul FLOP/s;
 - each backend's ratio to transformers, and decode's fraction of the weight-streaming limit
@@ -120,7 +121,8 @@ def chosen_paths(name: str) -> dict:
     return {"paths": shapes, "choice_cost_s": paths.cost()}
 
 
-def bench_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, new_tokens: int, repeats: int) -> dict:
+def load_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, new_tokens: int):
+    """The backend's model, and a function that generates `new_tokens` and returns each token's timestamp."""
     clock = TokenClock()
     if name == "transformers":
         import torch
@@ -145,43 +147,79 @@ def bench_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, ne
             backend.generate(model, prompt, new_tokens, eos_token_ids=(), stream=clock)
             return clock.stamps
 
-    run()  # warm-up: compilation, allocator, caches
-    prefill, decode = [], []
-    for _ in range(repeats):
+    def rates() -> dict:
         stamps = run()
         assert len(stamps) == new_tokens, (name, len(stamps))
-        prefill.append(prompt.shape[1] / (stamps[0] - clock.start))
-        decode.append((new_tokens - 1) / (stamps[-1] - stamps[0]))
-    result = {"prefill_tok_s": statistics.median(prefill), "decode_tok_s": statistics.median(decode)}
-    result |= {"prefill_runs": prefill, "decode_runs": decode, **chosen_paths(name)}
-    print(
-        f"  {name:13s} prefill {result['prefill_tok_s']:8.1f} tok/s   decode {result['decode_tok_s']:6.2f} tok/s "
-        f"(runs: decode {', '.join(f'{d:.2f}' for d in decode)})"
-    )
-    if result["paths"]:
-        taken = ", ".join(f"{shape}: {path}" for shape, path in result["paths"].items())
-        print(f"  {'':13s} paths (rows in out dtype[ bias]): {taken}; choosing took {result['choice_cost_s']:.2f} s")
-    return result
+        return {
+            "prefill": prompt.shape[1] / (stamps[0] - clock.start),
+            "decode": (new_tokens - 1) / (stamps[-1] - stamps[0]),
+        }
+
+    return rates
+
+
+def serve(name: str, args: argparse.Namespace) -> None:
+    """A backend's worker: load and warm up, then one run per "run" line on stdin, each answered with one JSON
+    line; "paths" answers with the paths its products took. The coordinator takes the backends in turn."""
+    directory = qwen3_0_6b_checkpoint(args.dtype)
+    vocab = spec.ModelSpec.from_pretrained(directory).vocab_size
+    prompt = np.random.default_rng(0).integers(0, vocab, (1, args.prompt_len))
+    rates = load_backend(name, directory, args.dtype, prompt, args.new_tokens)
+    rates()  # warm-up: compilation, the choice of paths, allocator, caches
+    print(json.dumps({"ready": name}), flush=True)
+    for command in sys.stdin:
+        reply = rates() if command.strip() == "run" else chosen_paths(name)
+        print(json.dumps(reply), flush=True)
+
+
+def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> dict[str, dict]:
+    """Every backend in its own process (torch's OpenMP threads and XLA's thread pool never share the cores),
+    all loaded first, then measured in turn, run after run: a drift in the machine's speed (these VMs drift by
+    10-20% within minutes) hits every backend alike, so their ratios hold within one run of this script."""
+    cmd = [sys.executable, "-m", "benchmarks.cpu_decode", "--prompt-len", str(args.prompt_len),
+           "--new-tokens", str(args.new_tokens), "--dtype", args.dtype, "--serve"]  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    procs = {}
+    for name in names:  # loaded one after another: no two loads share the cores
+        procs[name] = subprocess.Popen([*cmd, name], cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        json.loads(procs[name].stdout.readline())  # {"ready": name}
+
+    def ask(name: str, command: str) -> dict:
+        procs[name].stdin.write(command + "\n")
+        procs[name].stdin.flush()
+        return json.loads(procs[name].stdout.readline())
+
+    runs = {name: [] for name in names}
+    for _ in range(args.repeats):
+        for name in names:
+            runs[name].append(ask(name, "run"))
+    results = {}
+    for name in names:
+        prefill, decode = [r["prefill"] for r in runs[name]], [r["decode"] for r in runs[name]]
+        results[name] = {"prefill_tok_s": statistics.median(prefill), "decode_tok_s": statistics.median(decode),
+                         "prefill_runs": prefill, "decode_runs": decode, **ask(name, "paths")}  # fmt: skip
+        procs[name].stdin.close()
+        procs[name].wait()
+        r = results[name]
+        print(f"  {name:13s} prefill {r['prefill_tok_s']:8.1f} tok/s   decode {r['decode_tok_s']:6.2f} tok/s "
+              f"(runs: decode {', '.join(f'{d:.2f}' for d in decode)})")  # fmt: skip
+        if r["paths"]:
+            taken = ", ".join(f"{shape}: {path}" for shape, path in r["paths"].items())
+            cost = f"choosing took {r['choice_cost_s']:.2f} s"
+            print(f"  {'':13s} paths (rows in out dtype, bias or layout): {taken}; {cost}")
+    return results
 
 
 def worker(name: str, args: argparse.Namespace) -> dict:
-    """One measurement in this (fresh) process: a backend, or the machine's bandwidth and FLOP/s."""
-    directory = qwen3_0_6b_checkpoint(args.dtype)
-    model_spec = spec.ModelSpec.from_pretrained(directory)
+    """The machine's bandwidth and FLOP/s, measured in this (fresh) process."""
     if name == "machine":
         return {"read_bandwidth": read_bandwidth(args.repeats), "matmul_flops": matmul_flops(args.repeats)}
-    if name == "bandwidth":
-        return {"read_bandwidth": read_bandwidth(args.repeats)}
-    prompt = np.random.default_rng(0).integers(0, model_spec.vocab_size, (1, args.prompt_len))
-    return bench_backend(name, directory, args.dtype, prompt, args.new_tokens, args.repeats)
+    return {"read_bandwidth": read_bandwidth(args.repeats)}
 
 
 def in_subprocess(name: str, args: argparse.Namespace) -> dict:
-    """Each backend in its own process: torch's OpenMP threads and XLA's thread pool never share the cores,
-    and one model's memory is returned to the system before the next loads."""
-    cmd = [sys.executable, "-m", "benchmarks.cpu_decode", "--worker", name, "--repeats", str(args.repeats),
-           "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
-           "--dtype", args.dtype]  # fmt: skip
+    """A machine measurement in its own process, so that no backend's threads or memory are around."""
+    cmd = [sys.executable, "-m", "benchmarks.cpu_decode", "--worker", name, "--repeats", str(args.repeats)]
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True, check=True)
     lines = out.stdout.strip().splitlines()
@@ -192,14 +230,18 @@ def in_subprocess(name: str, args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the figures here")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32", help="the weights' dtype")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker, args)))
+        return 0
+    if args.serve:
+        serve(args.serve, args)
         return 0
 
     directory = qwen3_0_6b_checkpoint(args.dtype)  # written once, before any timing
@@ -208,12 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_info.line())
     print(
         f"Qwen3-0.6B-shaped, {args.dtype}, batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
-        f"median of {args.repeats}; each backend in its own process"
+        f"median of {args.repeats}; each backend in its own process, the backends taken in turn"
     )
     machine = in_subprocess("machine", args)
     flops = machine["matmul_flops"]
     print(f"  matmul {flops / 1e9:.0f} GFLOP/s, weights {weight_bytes / 1e9:.2f} GB/token")
-    results = {name: in_subprocess(name, args) for name in ("transformers", "torch_impl", "jax_impl")}
+    results = interleaved_backends(("transformers", "torch_impl", "jax_impl"), args)
     # Read before and after the backends: these VMs' bandwidth drifts by 10-20% within minutes, and a limit
     # read during a slow spell would put a backend above 100% of it. The higher reading is the limit.
     readings = [machine["read_bandwidth"], in_subprocess("bandwidth", args)["read_bandwidth"]]

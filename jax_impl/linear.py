@@ -9,9 +9,10 @@ lowers it, which depends on the processor and the dtype. Three forms compute it:
 
 - dot: the single dot. XLA:CPU lowers a one-row product to its own matrix-vector code, which reads a
   bfloat16 weight through a float32 copy of it; products of more rows go to its library matmul.
-- split: the contraction in SPLIT_CHUNKS contiguous row blocks of W (a reshape, no copy: [in, out] ->
-  [c, in/c, out]), one batched product per block and a sum of the c partial rows: on some processors it
-  streams tall, narrow [in, out] weights faster than the single dot (docs/benchmarks.md).
+- split (float32): the contraction in SPLIT_CHUNKS contiguous row blocks of W (a reshape, no copy: [in, out]
+  -> [c, in/c, out]), one batched product per block and a sum of the c partial rows: on some processors it
+  streams tall, narrow [in, out] weights faster than the single dot (docs/benchmarks.md). Not offered in
+  bfloat16, where XLA makes the same float32 copy of the weight for it as for the single dot.
 - pad: a single bfloat16 row padded with a zero row, so that XLA hands the product to its library matmul
   (which reads bfloat16 weights as they are) instead of its matrix-vector code; the padding row's result is
   dropped. Not offered in float32, where the matrix-vector code reads the weight directly and two-row
@@ -36,6 +37,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +67,8 @@ def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=No
     """The forms that can compute this product, the single dot first; more than one only on the CPU, for
     float32 or bfloat16 products of at most CHOICE_MAX_ROWS token rows, unsharded.
 
-    split: x @ W[in, out] with in-features that make SPLIT_CHUNKS equal blocks; pad: a single bfloat16 row."""
+    split: float32 x @ W[in, out] with in-features that make SPLIT_CHUNKS equal blocks; pad: a single bfloat16
+    row."""
     axis = _contracted(lhs, rhs, dimension_numbers)
     rows = math.prod(lhs.shape[:-1])
     if not (
@@ -78,8 +81,9 @@ def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=No
         and jax.sharding.get_abstract_mesh().empty  # under a mesh the partitioner owns the product's layout
     ):
         return ("dot",)
-    split = ("split",) if axis == 0 and rhs.shape[0] % SPLIT_CHUNKS == 0 else ()
-    pad = ("pad",) if rows == 1 and jnp.dtype(lhs.dtype) != jnp.float32 else ()  # see the docstring
+    f32 = jnp.dtype(lhs.dtype) == jnp.float32  # see the docstring for why each form has its dtype
+    split = ("split",) if f32 and axis == 0 and rhs.shape[0] % SPLIT_CHUNKS == 0 else ()
+    pad = ("pad",) if rows == 1 and not f32 else ()
     return ("dot", *split, *pad)
 
 
@@ -114,31 +118,40 @@ FORMS = {"dot": _single, "split": _split, "pad": _pad}
 
 
 @functools.cache
-def _programs(axis: int, precision, preferred_element_type) -> dict[str, Callable]:
-    """Each form as its own jitted program (one compilation per shape), for timing outside the caller's trace."""
-    kw = dict(axis=axis, precision=precision, preferred_element_type=preferred_element_type)
-    return {name: jax.jit(functools.partial(form, **kw)) for name, form in FORMS.items()}
+def _host_arena(dtype: str) -> np.ndarray:
+    """STREAM_BYTES of ones, written once per process: the timed weights are copied from it."""
+    return np.ones(STREAM_BYTES // jnp.dtype(dtype).itemsize, jnp.dtype(dtype))
 
 
 def _candidates(forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], dtype, axis: int, precision,
                 preferred_element_type) -> dict[str, Callable]:  # fmt: skip
     """One timing pass per form: the product of `rows` rows over distinct weights of rhs's shape that together
-    stream STREAM_BYTES (a W[out, in] larger than that, a tied head's table: its first STREAM_BYTES of rows)."""
+    stream up to STREAM_BYTES (a larger weight, a head's table: one with as many output features as fit in it).
+
+    Each form is its own small program, compiled on a thread of its own while the operands are written (XLA
+    compiles without the GIL), so that choosing costs about one compilation per key."""
     dtype = jnp.dtype(dtype)
     k = rhs_shape[axis]
-    if axis == 1 and math.prod(rhs_shape) * dtype.itemsize > STREAM_BYTES:
-        rhs_shape = (max(1, STREAM_BYTES // (k * dtype.itemsize)), k)
-    copies = min(MAX_COPIES, max(1, -(-STREAM_BYTES // (math.prod(rhs_shape) * dtype.itemsize))))
-    with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
-        x = jnp.asarray(np.ones((rows, k), dtype))
-        weights = [jnp.asarray(np.full(rhs_shape, 1 + i, dtype)) for i in range(copies)]  # distinct buffers
+    if math.prod(rhs_shape) * dtype.itemsize > STREAM_BYTES:  # a tied head's table: fewer output features
+        out = max(1, STREAM_BYTES // (k * dtype.itemsize))
+        rhs_shape = (out, k) if axis == 1 else (k, out)
+    copies = max(1, min(MAX_COPIES, STREAM_BYTES // (math.prod(rhs_shape) * dtype.itemsize)))
+    kw = dict(axis=axis, precision=precision, preferred_element_type=preferred_element_type)
+    args = jax.ShapeDtypeStruct((rows, k), dtype), jax.ShapeDtypeStruct(rhs_shape, dtype)
+    with jax.ensure_compile_time_eval():  # concrete arrays and programs of their own, even while the caller traces
+        lowered = {name: jax.jit(functools.partial(FORMS[name], **kw)).lower(*args) for name in forms}
+        with ThreadPoolExecutor(len(forms)) as pool:
+            compiling = {name: pool.submit(low.compile) for name, low in lowered.items()}
+            x = jax.device_put(np.ones((rows, k), dtype))  # device_put: a copy, no operation to compile
+            host = _host_arena(dtype.name)[: copies * math.prod(rhs_shape)].reshape(copies, *rhs_shape)
+            weights = [jax.device_put(w) for w in host]  # distinct device buffers
+            programs = {name: future.result() for name, future in compiling.items()}
 
-    def run(program: Callable) -> None:
-        with jax.ensure_compile_time_eval():
-            jax.block_until_ready([program(x, w) for w in weights])
+    def run(program: Callable, warm: list[bool]) -> None:
+        jax.block_until_ready([program(x, w) for w in (weights if warm else weights[:1])])  # the first: set-up
+        warm.append(True)
 
-    programs = _programs(axis, precision, preferred_element_type)
-    return {name: functools.partial(run, programs[name]) for name in forms}
+    return {name: functools.partial(run, programs[name], []) for name in forms}
 
 
 def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, preferred_element_type=None,

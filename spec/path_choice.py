@@ -6,7 +6,8 @@ product up to the order of a float32 sum, and which is faster depends on the pro
 (docs/benchmarks.md records an AMD EPYC and an Intel Xeon ranking them in opposite orders). So no backend fixes
 a preference: at the first product of a given key (shape and dtype) it asks its `PathChoice`, which times the
 candidates on operands of that shape, taken in turn so that a drift in the machine's speed hits every candidate
-alike, keeps the fastest for the rest of the process and records what measuring cost. A candidate must beat
+alike (one that is several times slower from the start is not timed again), keeps the fastest for the rest of
+the process and records what measuring cost. A candidate must beat
 the first one (the plain path) by `margin` to replace it, so noise alone never moves a product off the plain
 path, and the choice of a process does not change once made.
 
@@ -44,10 +45,13 @@ class PathChoice:
         *,
         repeats: int = 2,
         margin: float = 0.03,
+        prune: float = 2.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        """`repeats` timed passes per candidate after a warm-up; `clock` is the timer (tests pass a fake one)."""
+        """`repeats` timed passes per candidate after a warm-up, but one for those `prune` times slower than the
+        fastest in the first; `clock` is the timer (tests pass a fake one)."""
         self.name, self.paths, self.repeats, self.margin, self.clock = name, paths, repeats, margin, clock
+        self.prune = prune
         self._chosen: dict[Hashable, Choice] = {}
         self._forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"{name}.forced", default=None)
         self._lock = threading.RLock()
@@ -93,17 +97,22 @@ class PathChoice:
         if unknown or not runs:
             raise ValueError(f"{self.name}: candidates {sorted(runs)} are not among {self.paths}")
         for run in runs.values():
-            run()  # warm-up: library set-up, compilation, first touch of the operands
-        best = {name: float("inf") for name in runs}
-        for _ in range(self.repeats):
-            for name, run in runs.items():  # in turn: a slow spell hits every candidate alike
-                t0 = self.clock()
-                run()
-                best[name] = min(best[name], self.clock() - t0)
-        plain = next((p for p in self.paths if p in runs), None)
+            run()  # warm-up: set-up, compilation, first touch
+        best = {name: self._time(run) for name, run in runs.items()}
+        # A candidate `prune` times slower than the fastest in the first round cannot win on noise: not timed again.
+        live = {name: run for name, run in runs.items() if best[name] <= self.prune * min(best.values())}
+        for _ in range(self.repeats - 1):
+            for name, run in live.items():  # in turn: a slow spell hits every candidate alike
+                best[name] = min(best[name], self._time(run))
+        plain = next(p for p in self.paths if p in runs)
         fastest = min(best, key=best.__getitem__)
         path = fastest if best[fastest] < (1 - self.margin) * best[plain] else plain
         return Choice(path, best, self.clock() - start)
+
+    def _time(self, run: Callable[[], object]) -> float:
+        t0 = self.clock()
+        run()
+        return self.clock() - t0
 
     def chosen(self) -> dict[Hashable, Choice]:
         """Every key measured so far in this process, and its choice."""

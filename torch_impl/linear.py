@@ -88,6 +88,12 @@ def has_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     )
 
 
+@functools.cache
+def _arena(dtype: torch.dtype) -> torch.Tensor:
+    """STREAM_BYTES of ones, written once per process: the distinct weights of a timing pass are views of it."""
+    return torch.ones(STREAM_BYTES // dtype.itemsize, dtype=dtype)
+
+
 def _candidates(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, Callable[[], object]]:
     """One timing pass per path (see the docstring). Few rows: the product over distinct weights of this shape
     that together stream STREAM_BYTES (a weight larger than that: its first STREAM_BYTES of output rows, a view).
@@ -96,11 +102,12 @@ def _candidates(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if x2.shape[0] > STREAM_ROWS:
         weights, b = [weight], bias
     elif weight.shape[0] * row_bytes >= STREAM_BYTES:
-        out = STREAM_BYTES // row_bytes
+        out = max(1, STREAM_BYTES // row_bytes)
         weights, b = [weight[:out]], None if bias is None else bias[:out]
     else:
-        copies = min(MAX_COPIES, -(-STREAM_BYTES // (weight.shape[0] * row_bytes)))
-        weights, b = torch.ones(copies, *weight.shape, dtype=weight.dtype).unbind(0), bias
+        copies = max(1, min(MAX_COPIES, STREAM_BYTES // (weight.shape[0] * row_bytes)))
+        arena = _arena(weight.dtype)[: copies * weight.numel()]
+        weights, b = arena.view(copies, *weight.shape).unbind(0), bias
     x2 = x2.contiguous()
 
     def f_linear() -> None:

@@ -45,6 +45,15 @@ def test_fastest_beyond_the_margin(plain_s, other_s, want):
     assert choice.cost() == pytest.approx(measured.cost)
 
 
+def test_a_far_slower_candidate_is_timed_once():
+    clock, calls = FakeClock(), []
+    choice = make(clock, repeats=3)
+    runs = {"plain": clock.candidate(3.0, calls, "plain"), "other": clock.candidate(1.0, calls, "other")}
+    assert choice.choose("k", lambda: runs) == "other"
+    assert calls == ["plain", "other"] * 2 + ["other"] * 2  # 3x slower in the first pass: not timed again
+    assert choice.chosen()["k"].seconds == pytest.approx({"plain": 3.0, "other": 1.0})
+
+
 def test_measured_once_per_key():
     clock, calls = FakeClock(), []
     choice = make(clock, repeats=1)

@@ -1,16 +1,16 @@
 """`ModelSpec`: the one framework-neutral description of the decoder that both backends read.
 
-Built from a Hugging Face `config.json` for model_type qwen3, qwen2, llama and mistral, in both the
-older form (top-level `rope_theta`, `rope_scaling`) and the newer `rope_parameters` form. Whatever the
-spec cannot represent (LayerNorm, MoE, sliding window, an unknown rope type, an activation other than
-SiLU, MLP bias) is refused with a `ConfigError` that names the key and its value. Every key read here
-has a type and a range (spec/json_fields.py): JSON `true` is not a number, `"false"` is not a boolean,
-NaN and Infinity are not finite. Every field here is read by both backends; a field nobody reads is a bug.
+Built from a Hugging Face `config.json` for the families in spec/families.py (Qwen3, Qwen2, Llama, Mistral,
+Gemma 2, Gemma 3 text, OLMo 2, GPT-NeoX), in both the older config form (top-level `rope_theta`,
+`rope_scaling`) and the newer `rope_parameters` form. Whatever the spec cannot represent (MoE, an unknown rope
+type or activation, a layer kind not listed) is refused with a `ConfigError` that names the key and its value.
+Every key read has a type and a range (spec/json_fields.py): JSON `true` is not a number, `"false"` is not a
+boolean, NaN and Infinity are not finite. Every field here is read by both backends; a field nobody reads is
+a bug. The structural fields default to the Llama/Qwen decoder (pre-norm RMSNorm, SwiGLU, full attention).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,22 +18,16 @@ from typing import Any
 import numpy as np
 
 from spec.errors import ConfigError
+from spec.families import ACTIVATIONS, FAMILIES, FULL, SLIDING, read_structure
+from spec.hf_config import hf_config
 from spec.json_fields import MAX_SIZE, Fields, is_int, is_number, load_json
+from spec.rope import RopeScaling, rope_inv_freq
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
-# Keys whose presence (with a non-trivial value) means an architecture this spec does not implement.
-_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """RoPE frequency scaling: `linear` (positions / factor) or `llama3` (banded, Llama 3.1)."""
-
-    rope_type: str
-    factor: float
-    low_freq_factor: float | None = None
-    high_freq_factor: float | None = None
-    original_max_position_embeddings: int | None = None
+SUPPORTED_MODEL_TYPES = FAMILIES
+NORM_TYPES = ("rms", "layer")
+NORM_PLACEMENTS = ("pre", "sandwich", "post")
+HIDDEN_ACTS = tuple(sorted(set(ACTIVATIONS.values())))
+QK_NORM_SCOPES = ("head", "projection")
 
 
 @dataclass(frozen=True)
@@ -46,13 +40,34 @@ class ModelSpec:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    rms_norm_eps: float
+    rms_norm_eps: float  # the eps of every norm, RMSNorm or LayerNorm (gpt_neox's layer_norm_eps)
     rope_theta: float
     rope_scaling: RopeScaling | None
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool  # q/k/v projections carry a bias (Qwen2); o_proj never does here
-    qk_norm: bool  # Qwen3: per-head RMSNorm on q and k before RoPE
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2, GPT-NeoX)
+    qk_norm: bool  # a norm on q and k before RoPE (Qwen3, Gemma 3, OLMo 2)
+    # Structure (docs/design.md, "Model families"); the defaults are the Llama/Qwen decoder.
+    norm_type: str = "rms"  # "rms" | "layer" (LayerNorm with a bias: GPT-NeoX)
+    norm_offset: float = 0.0  # the norm multiplies by (offset + weight): 1.0 in Gemma
+    norm_weight_float32: bool = False  # weight multiply in float32, then the cast (Gemma, OLMo 2); else after
+    norm_placement: str = "pre"  # "pre" | "sandwich" (Gemma: pre and post norms) | "post" (OLMo 2: post only)
+    parallel_residual: bool = False  # x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)
+    hidden_act: str = "silu"  # "silu" | "gelu_tanh" | "gelu" (exact erf)
+    gated_mlp: bool = True  # down(act(gate) * up); False: down(act(up)) (GPT-NeoX)
+    mlp_bias: bool = False  # the MLP's projections carry biases (GPT-NeoX)
+    o_proj_bias: bool = False  # o_proj carries a bias, added once after the row-parallel sum (GPT-NeoX)
+    fused_qkv: bool = False  # one qkv projection laid out per head: rows [n, 3, d] (GPT-NeoX)
+    qk_norm_scope: str = "head"  # "head": over each head's d (Qwen3, Gemma 3); "projection": over n*d (OLMo 2)
+    partial_rotary_factor: float = 1.0  # RoPE on the first int(head_dim * factor) dims of each head (GPT-NeoX)
+    embedding_scale: bool = False  # embeddings times sqrt(hidden) rounded to the activation dtype (Gemma)
+    query_pre_attn_scalar: float | None = None  # scores scaled by this ** -0.5 instead of head_dim ** -0.5
+    attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+    sliding_window: int | None = None  # a sliding layer's query sees keys at slots q - window < k <= q
+    layer_types: tuple[str, ...] = ()  # per layer "full_attention" | "sliding_attention"; () = all full
+    local_rope_theta: float | None = None  # sliding layers' own RoPE (Gemma 3); None = the global one
+    local_rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -73,24 +88,116 @@ class ModelSpec:
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention needs it)"
             )
-        if self.head_dim % 2:
-            raise ConfigError(f"head_dim={self.head_dim} must be even for rotate-half RoPE")
         for name in ("rms_norm_eps", "rope_theta"):
             value = getattr(self, name)
             if not is_number(value) or value <= 0:
                 raise ConfigError(f"config key {name!r} must be a finite number > 0, got {value!r}")
-        for name in ("tie_word_embeddings", "attention_bias", "qk_norm"):
+        for name in (
+            "tie_word_embeddings",
+            "attention_bias",
+            "qk_norm",
+            "norm_weight_float32",
+            "parallel_residual",
+            "gated_mlp",
+            "mlp_bias",
+            "o_proj_bias",
+            "fused_qkv",
+            "embedding_scale",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"config key {name!r} must be true or false, got {getattr(self, name)!r}")
+        for name, allowed in (
+            ("model_type", SUPPORTED_MODEL_TYPES),
+            ("norm_type", NORM_TYPES),
+            ("norm_placement", NORM_PLACEMENTS),
+            ("hidden_act", HIDDEN_ACTS),
+            ("qk_norm_scope", QK_NORM_SCOPES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} = {getattr(self, name)!r} is not one of {allowed}")
+        self._check_structure()
+
+    def _check_structure(self) -> None:
+        """Combinations whose math is undefined (or that no formula here covers) are refused by name."""
+        if self.norm_offset not in (0.0, 1.0):
+            raise ConfigError(f"norm_offset = {self.norm_offset!r} must be 0.0 or 1.0 (Gemma's 1 + w)")
+        if self.norm_type == "layer" and (self.norm_offset or self.qk_norm):
+            raise ConfigError("norm_type 'layer' (LayerNorm) has no weight offset and no q/k norm here")
+        if self.parallel_residual and self.norm_placement != "pre":
+            raise ConfigError(f"parallel_residual with norm_placement {self.norm_placement!r} is not defined")
+        if self.fused_qkv and self.num_key_value_heads != self.num_attention_heads:
+            raise ConfigError("fused_qkv (GPT-NeoX's per-head qkv layout) needs num_key_value_heads == num_heads")
+        factor = self.partial_rotary_factor
+        if not is_number(factor) or not 0 < factor <= 1:
+            raise ConfigError(f"config key 'partial_rotary_factor' must be in (0, 1], got {factor!r}")
+        if self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ConfigError(
+                f"rotary width int(head_dim * partial_rotary_factor) = {self.rotary_dim} must be even and >= 2 "
+                f"(head_dim={self.head_dim}, partial_rotary_factor={factor}) for rotate-half RoPE"
+            )
+        for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "local_rope_theta"):
+            value = getattr(self, name)
+            if value is not None and (not is_number(value) or value <= 0):
+                raise ConfigError(f"config key {name!r} must be a finite number > 0 or null, got {value!r}")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ConfigError(
+                    f"layer_types has {len(self.layer_types)} entries but num_hidden_layers = {self.num_hidden_layers}"
+                )
+            bad = sorted({t for t in self.layer_types if t not in (FULL, SLIDING)})
+            if bad:
+                raise ConfigError(f"layer_types contains {bad}: only {FULL!r} and {SLIDING!r} are supported")
+        sliding = SLIDING in self.layer_types
+        if sliding != (self.sliding_window is not None):
+            raise ConfigError(
+                f"sliding_window = {self.sliding_window!r} but layer_types has "
+                f"{'a' if sliding else 'no'} sliding_attention layer: give both or neither"
+            )
+        if self.sliding_window is not None and (not is_int(self.sliding_window) or self.sliding_window < 1):
+            raise ConfigError(
+                f"config key 'sliding_window' must be an integer >= 1 or null, got {self.sliding_window!r}"
+            )
 
     @property
     def num_kv_groups(self) -> int:
         """Query heads per key/value head (1 = multi-head, > 1 = grouped-query)."""
         return self.num_attention_heads // self.num_key_value_heads
 
-    def inv_freq(self) -> np.ndarray:
-        """RoPE inverse frequencies [head_dim // 2] in float32, scaling applied; shared by both backends."""
-        return rope_inv_freq(self)
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each head RoPE rotates (transformers' int(head_dim * factor))."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor on q k^T: query_pre_attn_scalar ** -0.5 where the family sets it (Gemma), else d ** -0.5."""
+        scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+        return float(scalar) ** -0.5
+
+    @property
+    def pre_norm(self) -> bool:
+        """The layer's input passes a norm before attention (the dual-variable flow applies); False for OLMo 2."""
+        return self.norm_placement != "post"
+
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else FULL
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, or None where it attends to every earlier position."""
+        return self.sliding_window if self.layer_type(layer) == SLIDING else None
+
+    def inv_freq(self, layer_type: str = FULL) -> np.ndarray:
+        """RoPE inverse frequencies [rotary_dim // 2] in float32 for layers of `layer_type`, scaling applied."""
+        if layer_type == SLIDING and self.local_rope_theta is not None:
+            return rope_inv_freq(self.rotary_dim, self.local_rope_theta, self.local_rope_scaling)
+        return rope_inv_freq(self.rotary_dim, self.rope_theta, self.rope_scaling)
+
+    @property
+    def rope_kinds(self) -> tuple[str, ...]:
+        """The layer types that need their own RoPE table: (FULL,) unless sliding layers have another RoPE."""
+        if self.local_rope_theta is not None and SLIDING in self.layer_types:
+            return (FULL, SLIDING)
+        return (FULL,)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,13 +220,14 @@ class ModelSpec:
         fields = Fields(config, ConfigError)
         model_type = fields.string("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
+            hint = " (a multimodal Gemma 3 config: point at its text model, model_type gemma3_text)"
             raise ConfigError(
                 f"config key 'model_type' = {model_type!r} is not supported "
-                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}){hint if model_type == 'gemma3' else ''}"
             )
-        _reject_unsupported(fields, model_type)
         hidden = fields.integer("hidden_size")
         heads = fields.integer("num_attention_heads")
+        layers = fields.integer("num_hidden_layers")
         head_dim = fields.integer("head_dim", None)
         if head_dim is None:
             if hidden % heads:
@@ -128,148 +236,28 @@ class ModelSpec:
                     f"num_attention_heads={heads!r}"
                 )
             head_dim = hidden // heads
-        theta, scaling = _rope(fields)
-        # Qwen2 always has q/k/v bias; its config has no key for it.
-        attention_bias = True if model_type == "qwen2" else fields.boolean("attention_bias", False)
+        structure = read_structure(fields, model_type, layers)
         return cls(
             model_type=model_type,
             vocab_size=fields.integer("vocab_size"),
             hidden_size=hidden,
             intermediate_size=fields.integer("intermediate_size"),
-            num_hidden_layers=fields.integer("num_hidden_layers"),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=fields.integer("num_key_value_heads", heads),
             head_dim=head_dim,
-            rms_norm_eps=fields.number("rms_norm_eps"),
-            rope_theta=theta,
-            rope_scaling=scaling,
             max_position_embeddings=fields.integer("max_position_embeddings"),
-            tie_word_embeddings=fields.boolean("tie_word_embeddings", False),
-            attention_bias=attention_bias,
-            qk_norm=model_type == "qwen3",
+            tie_word_embeddings=fields.boolean("tie_word_embeddings", model_type.startswith("gemma")),
+            **{"qk_norm": False, **structure},
         )
 
     def to_hf_config(self) -> dict[str, Any]:
-        """The config.json a Hugging Face loader reads for this spec (newer `rope_parameters` form)."""
-        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
-        if self.rope_scaling is not None:
-            rope.update({k: v for k, v in asdict(self.rope_scaling).items() if v is not None})
-        arch = {
-            "qwen3": "Qwen3ForCausalLM",
-            "qwen2": "Qwen2ForCausalLM",
-            "llama": "LlamaForCausalLM",
-            "mistral": "MistralForCausalLM",
-        }[self.model_type]
-        config: dict[str, Any] = {
-            "architectures": [arch],
-            "model_type": self.model_type,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "rope_parameters": rope,
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "use_sliding_window": False,
-            "sliding_window": None,
-        }
-        if self.model_type != "qwen2":
-            config["attention_bias"] = self.attention_bias
+        """The config.json a Hugging Face loader reads for this spec (newer `rope_parameters` form).
+
+        Read back and compared: a spec whose model_type's config cannot express its structure is refused."""
+        config = hf_config(self)
+        read_back = ModelSpec.from_hf_config(config)
+        if read_back != self:
+            diff = {k: v for k, v in asdict(self).items() if asdict(read_back)[k] != v}
+            raise ConfigError(f"a {self.model_type} config.json cannot express this spec's {sorted(diff)}: {diff}")
         return config
-
-
-def _reject_unsupported(fields: Fields, model_type: str) -> None:
-    act = fields.string("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ConfigError(f"config key 'hidden_act' = {act!r} is not supported (only silu: SwiGLU)")
-    for key in _MOE_KEYS:
-        if fields.integer(key, 0, minimum=0):
-            raise ConfigError(f"config key {key!r} = {fields.value(key)!r}: mixture-of-experts is not supported")
-    if fields.boolean("use_sliding_window", False):
-        raise ConfigError("config key 'use_sliding_window' = true: sliding-window attention is not supported")
-    window = fields.integer("sliding_window", None, minimum=0)
-    if model_type == "mistral" and window is not None:
-        raise ConfigError(
-            f"config key 'sliding_window' = {window!r}: sliding-window "
-            "attention is not supported (set it to null for full attention)"
-        )
-    other = sorted({t for t in fields.strings("layer_types") or () if t != "full_attention"})
-    if other:
-        raise ConfigError(f"config key 'layer_types' contains {other}: only 'full_attention' is supported")
-    if fields.boolean("mlp_bias", False):
-        raise ConfigError("config key 'mlp_bias' = true is not supported (SwiGLU without bias)")
-    for key in ("parallel_residual", "use_parallel_residual"):
-        if fields.boolean(key, False):
-            raise ConfigError(f"config key {key!r} = true is not supported (sequential pre-norm only)")
-    for key in ("norm_type", "layer_norm_type"):
-        norm = fields.string(key, None)
-        if norm is not None and "rms" not in norm.lower():
-            raise ConfigError(f"config key {key!r} = {norm!r} is not supported (RMSNorm only)")
-    if fields.value("layer_norm_eps") is not None and fields.value("rms_norm_eps") is None:
-        raise ConfigError(
-            f"config key 'layer_norm_eps' = {fields.value('layer_norm_eps')!r}: LayerNorm models "
-            "are not supported (RMSNorm only)"
-        )
-    partial = fields.number("partial_rotary_factor", 1.0)
-    if partial != 1.0:
-        raise ConfigError(f"config key 'partial_rotary_factor' = {partial!r} is not supported (full rotary only)")
-
-
-def _rope(fields: Fields) -> tuple[float, RopeScaling | None]:
-    """(theta, scaling) from either config form; `rope_parameters` wins where both are present."""
-    params = fields.nested("rope_parameters")
-    if params is None:
-        params = fields.nested("rope_scaling") or Fields({}, ConfigError, prefix="rope_scaling.")
-        theta = fields.number("rope_theta", 10000.0)
-    else:
-        theta = params.number("rope_theta", None)
-        theta = fields.number("rope_theta", 10000.0) if theta is None else theta
-    rope_type = params.string("rope_type", None) or params.string("type", "default")
-    if rope_type == "default":
-        return theta, None
-    if rope_type not in ("linear", "llama3"):
-        raise ConfigError(
-            f"config key '{params.prefix}rope_type' = {rope_type!r} is not supported "
-            "(supported: default, linear, llama3)"
-        )
-    factor = params.number("factor")
-    if rope_type == "linear":
-        return theta, RopeScaling("linear", factor)
-    low, high = params.number("low_freq_factor"), params.number("high_freq_factor")
-    if high <= low:
-        raise ConfigError(
-            f"config key '{params.prefix}high_freq_factor' = {high!r} must exceed low_freq_factor = {low!r}"
-        )
-    original = params.integer("original_max_position_embeddings")
-    return theta, RopeScaling("llama3", factor, low, high, original)
-
-
-def rope_inv_freq(spec: ModelSpec) -> np.ndarray:
-    """Inverse frequencies theta^(-2i/d), then the spec's scaling, as Hugging Face computes them.
-
-    Computed in float64 and rounded once to float32, so both backends start from identical bits.
-    """
-    d = spec.head_dim
-    inv = 1.0 / (spec.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))  # [d/2]
-    scaling = spec.rope_scaling
-    if scaling is None:
-        pass
-    elif scaling.rope_type == "linear":
-        inv = inv / scaling.factor
-    elif scaling.rope_type == "llama3":
-        old_len = scaling.original_max_position_embeddings
-        low_wavelen = old_len / scaling.low_freq_factor
-        high_wavelen = old_len / scaling.high_freq_factor
-        wavelen = 2 * math.pi / inv
-        scaled = np.where(wavelen > low_wavelen, inv / scaling.factor, inv)
-        smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        inv = np.where(medium, smoothed, scaled)
-    return inv.astype(np.float32)

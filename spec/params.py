@@ -45,38 +45,97 @@ class ParamEntry:
 def param_table(spec: ModelSpec) -> list[ParamEntry]:
     """Every tensor a checkpoint for `spec` must hold, in forward order.
 
-    A tied checkpoint has no `lm_head.weight` row: the head is the embedding (see validate.py for a
-    tied checkpoint that stores it anyway).
+    A tied checkpoint has no head row: the head is the embedding (see validate.py for a tied checkpoint
+    that stores it anyway). Checkpoint names follow the family (GPT-NeoX: `gpt_neox.layers.N.attention.
+    query_key_value`); runtime modules are the same for every family, named after the role they play.
     """
+    names = _NEOX_NAMES if spec.model_type == "gpt_neox" else _NAMES
     h, i, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
     n, n_kv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
-    rows = [ParamEntry("model.embed_tokens.weight", (v, h), "model.embed_tokens", "weight", EMBEDDING, placement=VOCAB)]
+    norm_roles = ("weight", "bias") if spec.norm_type == "layer" else ("weight",)
+
+    def norm(checkpoint: str, module: str, size: int, **split) -> list[ParamEntry]:
+        return [ParamEntry(f"{checkpoint}.{role}", (size,), module, role, NORM, **split) for role in norm_roles]
+
+    rows = [ParamEntry(f"{names['embed']}.weight", (v, h), "model.embed_tokens", "weight", EMBEDDING, placement=VOCAB)]
     for layer in range(spec.num_hidden_layers):
-        p = f"model.layers.{layer}"
-        rows.append(ParamEntry(f"{p}.input_layernorm.weight", (h,), f"{p}.input_layernorm", "weight", NORM))
-        for proj, heads in (("q_proj", n), ("k_proj", n_kv), ("v_proj", n_kv)):
-            module, split = f"{p}.self_attn.{proj}", dict(placement=COLUMN, units=heads)
-            rows.append(ParamEntry(f"{module}.weight", (heads * d, h), module, "weight", LINEAR, **split))
+        p, c = f"model.layers.{layer}", names["layer"].format(layer)  # runtime, checkpoint prefixes
+        if spec.pre_norm:
+            rows += norm(f"{c}.input_layernorm", f"{p}.input_layernorm", h)
+        if spec.fused_qkv:  # rows laid out per head, [n, 3, d]: a rank's whole heads are one contiguous block
+            module, split = f"{p}.self_attn.qkv_proj", dict(placement=COLUMN, units=n)
+            rows.append(ParamEntry(f"{c}.{names['qkv']}.weight", (3 * n * d, h), module, "weight", LINEAR, **split))
             if spec.attention_bias:
-                rows.append(ParamEntry(f"{module}.bias", (heads * d,), module, "bias", BIAS, **split))
-        o_proj = f"{p}.self_attn.o_proj"
-        rows.append(ParamEntry(f"{o_proj}.weight", (h, n * d), o_proj, "weight", LINEAR, placement=ROW, units=n))
+                rows.append(ParamEntry(f"{c}.{names['qkv']}.bias", (3 * n * d,), module, "bias", BIAS, **split))
+        else:
+            for proj, heads in (("q_proj", n), ("k_proj", n_kv), ("v_proj", n_kv)):
+                module, split = f"{p}.self_attn.{proj}", dict(placement=COLUMN, units=heads)
+                rows.append(
+                    ParamEntry(f"{c}.self_attn.{proj}.weight", (heads * d, h), module, "weight", LINEAR, **split)
+                )
+                if spec.attention_bias:
+                    rows.append(ParamEntry(f"{c}.self_attn.{proj}.bias", (heads * d,), module, "bias", BIAS, **split))
+        o_proj, o_name = f"{p}.self_attn.o_proj", f"{c}.{names['o_proj']}"
+        rows.append(ParamEntry(f"{o_name}.weight", (h, n * d), o_proj, "weight", LINEAR, placement=ROW, units=n))
+        if spec.o_proj_bias:  # added once, after the row-parallel sum
+            rows.append(ParamEntry(f"{o_name}.bias", (h,), o_proj, "bias", BIAS))
         if spec.qk_norm:  # listed after o_proj (the checkpoint order random_weights draws in); applied before it
-            for norm in ("q_norm", "k_norm"):
-                rows.append(ParamEntry(f"{p}.self_attn.{norm}.weight", (d,), f"{p}.self_attn.{norm}", "weight", NORM))
-        post = f"{p}.post_attention_layernorm"
-        rows.append(ParamEntry(f"{post}.weight", (h,), post, "weight", NORM))
-        # Gate first, then up: the runtime split takes the first half as the gate. Each part is split on its
-        # own, so a rank's packed slice is [gate_r; up_r] and its local split stays right.
-        gate_up, column = f"{p}.mlp.gate_up_proj", dict(placement=COLUMN, units=i)
-        rows.append(ParamEntry(f"{p}.mlp.gate_proj.weight", (i, h), gate_up, "weight", LINEAR, 0, 2, **column))
-        rows.append(ParamEntry(f"{p}.mlp.up_proj.weight", (i, h), gate_up, "weight", LINEAR, 1, 2, **column))
-        down = f"{p}.mlp.down_proj"
-        rows.append(ParamEntry(f"{down}.weight", (h, i), down, "weight", LINEAR, placement=ROW, units=i))
-    rows.append(ParamEntry("model.norm.weight", (h,), "model.norm", "weight", NORM))
+            for qk, heads in (("q_norm", n), ("k_norm", n_kv)):
+                module = f"{p}.self_attn.{qk}"
+                if spec.qk_norm_scope == "head":  # one [d] weight shared by every head
+                    rows += norm(f"{c}.self_attn.{qk}", module, d)
+                else:  # over the whole projection (OLMo 2): split with the heads
+                    rows += norm(f"{c}.self_attn.{qk}", module, heads * d, placement=COLUMN, units=heads)
+        rows += norm(f"{c}.post_attention_layernorm", f"{p}.post_attention_layernorm", h)
+        if spec.norm_placement == "sandwich":
+            rows += norm(f"{c}.pre_feedforward_layernorm", f"{p}.pre_feedforward_layernorm", h)
+        column = dict(placement=COLUMN, units=i)
+        if spec.gated_mlp:
+            # Gate first, then up: the runtime split takes the first half as the gate. Each part is split on its
+            # own, so a rank's packed slice is [gate_r; up_r] and its local split stays right.
+            gate_up = f"{p}.mlp.gate_up_proj"
+            rows.append(ParamEntry(f"{c}.mlp.gate_proj.weight", (i, h), gate_up, "weight", LINEAR, 0, 2, **column))
+            rows.append(ParamEntry(f"{c}.mlp.up_proj.weight", (i, h), gate_up, "weight", LINEAR, 1, 2, **column))
+            if spec.mlp_bias:
+                rows.append(ParamEntry(f"{c}.mlp.gate_proj.bias", (i,), gate_up, "bias", BIAS, 0, 2, **column))
+                rows.append(ParamEntry(f"{c}.mlp.up_proj.bias", (i,), gate_up, "bias", BIAS, 1, 2, **column))
+        else:
+            up, up_name = f"{p}.mlp.up_proj", f"{c}.{names['up']}"
+            rows.append(ParamEntry(f"{up_name}.weight", (i, h), up, "weight", LINEAR, **column))
+            if spec.mlp_bias:
+                rows.append(ParamEntry(f"{up_name}.bias", (i,), up, "bias", BIAS, **column))
+        down, down_name = f"{p}.mlp.down_proj", f"{c}.{names['down']}"
+        rows.append(ParamEntry(f"{down_name}.weight", (h, i), down, "weight", LINEAR, placement=ROW, units=i))
+        if spec.mlp_bias:  # added once, after the row-parallel sum
+            rows.append(ParamEntry(f"{down_name}.bias", (h,), down, "bias", BIAS))
+        if spec.norm_placement in ("sandwich", "post"):
+            rows += norm(f"{c}.post_feedforward_layernorm", f"{p}.post_feedforward_layernorm", h)
+    rows += norm(names["final_norm"], "model.norm", h)
     if not spec.tie_word_embeddings:
-        rows.append(ParamEntry("lm_head.weight", (v, h), "lm_head", "weight", LINEAR, placement=VOCAB))
+        rows.append(ParamEntry(f"{names['head']}.weight", (v, h), "lm_head", "weight", LINEAR, placement=VOCAB))
     return rows
+
+
+# Checkpoint names of the tensors whose names differ between families; the rest are the Llama names.
+_NAMES = {
+    "embed": "model.embed_tokens",
+    "layer": "model.layers.{}",
+    "o_proj": "self_attn.o_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+    "final_norm": "model.norm",
+    "head": "lm_head",
+}
+_NEOX_NAMES = {
+    "embed": "gpt_neox.embed_in",
+    "layer": "gpt_neox.layers.{}",
+    "qkv": "attention.query_key_value",
+    "o_proj": "attention.dense",
+    "up": "mlp.dense_h_to_4h",
+    "down": "mlp.dense_4h_to_h",
+    "final_norm": "gpt_neox.final_layer_norm",
+    "head": "embed_out",
+}
 
 
 def runtime_groups(spec: ModelSpec) -> dict[tuple[str, str], list[ParamEntry]]:

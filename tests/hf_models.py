@@ -105,37 +105,147 @@ HF_CONFIGS: dict[str, dict] = {
 }
 
 
+# The other families (spec/families.py), each with the structure that sets it apart, at sizes that are not
+# powers of two and sequence lengths (tests use 19+) longer than every sliding window. Soft-capping values are
+# small enough that capping changes the O(1) scores and logits these weights give (a dropped cap must show).
+FAMILY_CONFIGS: dict[str, dict] = {
+    # Mistral: sliding window 7 on every layer, GQA 3, untied.
+    "mistral_window": dict(
+        model_type="mistral",
+        vocab_size=211,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=8,
+        rope_theta=10_000.0,
+        sliding_window=7,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    ),
+    # Gemma 2: (1 + w) float32 norms, sandwich norms, GeGLU (tanh), scaled embedding, soft-capped scores and
+    # logits, query_pre_attn_scalar != head_dim, sliding window 6 on layers 0 and 2, GQA 2, tied.
+    "gemma2_sandwich": dict(
+        model_type="gemma2",
+        vocab_size=307,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=20,
+        query_pre_attn_scalar=24,
+        attn_logit_softcapping=4.0,
+        final_logit_softcapping=6.0,
+        sliding_window=6,
+        rope_theta=10_000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+    ),
+    # Gemma 3 (text): as Gemma 2 without caps, per-head (1 + w) q/k norm, sliding layers 0, 1, 3 (pattern 3)
+    # with their own RoPE base, linear RoPE scaling on the full layer only, GQA 4.
+    "gemma3_local_global": dict(
+        model_type="gemma3_text",
+        vocab_size=283,
+        hidden_size=40,
+        intermediate_size=72,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=5,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+    ),
+    # OLMo 2: post-norm only, q/k norm over the whole projection, float32 norm weight math, GQA 2, untied.
+    "olmo2_post": dict(
+        model_type="olmo2",
+        vocab_size=241,
+        eos_token_id=2,  # transformers' default (50279) lies outside this vocabulary
+        hidden_size=56,
+        intermediate_size=88,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=10_000.0,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    ),
+    # GPT-NeoX: LayerNorm with bias, parallel residual, fused per-head qkv, partial rotary (half of d=12),
+    # exact GELU MLP with biases, untied.
+    "neox_parallel": dict(
+        model_type="gpt_neox",
+        vocab_size=223,
+        hidden_size=48,
+        intermediate_size=136,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        rotary_pct=0.5,
+        rotary_emb_base=10_000.0,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    ),
+    # GPT-NeoX with the sequential residual and a quarter rotary (4 of d=16).
+    "neox_sequential": dict(
+        model_type="gpt_neox",
+        vocab_size=229,
+        hidden_size=64,
+        intermediate_size=120,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        rotary_pct=0.25,
+        rotary_emb_base=10_000.0,
+        use_parallel_residual=False,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    ),
+}
+ALL_CONFIGS = {**HF_CONFIGS, **FAMILY_CONFIGS}
+_CLASSES = {  # model_type -> (config class, model class) names in transformers
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+}
+
+
 def build_hf_model(name: str, seed: int = 0):
-    """A transformers model for HF_CONFIGS[name] with O(1)-scale random weights (float32)."""
+    """A transformers model for ALL_CONFIGS[name] with O(1)-scale random weights (float32)."""
     import torch
     import transformers
 
-    kwargs = dict(HF_CONFIGS[name])
+    kwargs = dict(ALL_CONFIGS[name])
     model_type = kwargs.pop("model_type")
-    config_cls = {
-        "qwen3": transformers.Qwen3Config,
-        "qwen2": transformers.Qwen2Config,
-        "llama": transformers.LlamaConfig,
-    }[model_type]
-    model_cls = {
-        "qwen3": transformers.Qwen3ForCausalLM,
-        "qwen2": transformers.Qwen2ForCausalLM,
-        "llama": transformers.LlamaForCausalLM,
-    }[model_type]
+    config_name, model_name = _CLASSES[model_type]
     scaling = kwargs.pop("rope_scaling", None)
-    config = config_cls(**kwargs, rms_norm_eps=1e-6, hidden_act="silu")
+    if model_type in ("qwen3", "qwen2", "llama", "mistral", "olmo2"):
+        kwargs.update(rms_norm_eps=1e-6, hidden_act="silu")
+    config = getattr(transformers, config_name)(**kwargs)
     if scaling is not None:  # the newer config form; transformers standardizes either
         config.rope_parameters = {"rope_theta": kwargs["rope_theta"], **scaling}
     torch.manual_seed(seed)
-    model = model_cls(config).eval()
+    model = getattr(transformers, model_name)(config).eval()
     gen = torch.Generator().manual_seed(seed)
+    offset = 0.0 if model_type.startswith("gemma") else 1.0  # Gemma's norms scale by (1 + w)
     with torch.no_grad():
         for pname, param in model.named_parameters():
             if pname.endswith("norm.weight"):
-                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
+                param.copy_(offset + 0.1 * torch.randn(param.shape, generator=gen))
             elif pname.endswith("bias"):
                 param.copy_(0.1 * torch.randn(param.shape, generator=gen))
-            elif "embed_tokens" in pname:
+            elif "embed_tokens" in pname or "embed_in" in pname:
                 param.copy_(0.1 * torch.randn(param.shape, generator=gen))  # as spec.random_weights
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(param.shape[1]))

@@ -1,0 +1,248 @@
+"""The model families a Hugging Face config can name, and the structure each one implies.
+
+`read_structure(fields, model_type)` returns the ModelSpec fields that differ between families (norm kind and
+placement, residual flow, activation, biases, rotary, attention variants) read from the config keys that
+family's transformers config defines — never inferred from the word "transformer". Whatever a family's config
+asks for that the spec cannot represent is refused naming the key and its value (docs/design.md, "Model
+families"). Sizes common to every family (hidden, heads, vocabulary) are read by spec/config.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spec.errors import ConfigError
+from spec.json_fields import Fields
+from spec.rope import RopeScaling, global_rope, parse_rope
+
+FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "gemma2", "gemma3_text", "olmo2", "gpt_neox")
+FULL, SLIDING = "full_attention", "sliding_attention"
+# transformers' activation names -> the spec's: each is one formula (the tanh GELU has two names)
+ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu": "gelu",
+}
+# Keys whose presence (with a non-trivial value) means mixture-of-experts, which the spec does not implement.
+_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def read_structure(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
+    """The family-specific ModelSpec fields of a config (see ModelSpec for what each means)."""
+    _refuse_common(fields)
+    reader = {
+        "qwen3": _qwen,
+        "qwen2": _qwen,
+        "llama": _llama,
+        "mistral": _mistral,
+        "gemma2": _gemma,
+        "gemma3_text": _gemma,
+        "olmo2": _olmo2,
+        "gpt_neox": _gpt_neox,
+    }[model_type]
+    return reader(fields, model_type, num_layers)
+
+
+def _refuse_common(fields: Fields) -> None:
+    for key in _MOE_KEYS:
+        if fields.integer(key, 0, minimum=0):
+            raise ConfigError(f"config key {key!r} = {fields.value(key)!r}: mixture-of-experts is not supported")
+    if fields.boolean("use_bidirectional_attention", False):
+        raise ConfigError("config key 'use_bidirectional_attention' = true is not supported (causal decoders only)")
+
+
+def _activation(fields: Fields, key: str, default: str, allowed: tuple[str, ...]) -> str:
+    name = fields.string(key, default)
+    act = ACTIVATIONS.get(name)
+    if act not in allowed:
+        names = sorted(k for k, v in ACTIVATIONS.items() if v in allowed)
+        raise ConfigError(f"config key {key!r} = {name!r} is not supported for this family (supported: {names})")
+    return act
+
+
+def _refuse_key(fields: Fields, key: str, ok: bool | None, what: str) -> None:
+    """Refuse `key` unless it is absent or equals `ok` (the only value this family's structure has); a boolean
+    key is type-checked first, so `1` is named as not a boolean rather than as an unsupported value."""
+    value = fields.boolean(key, ok) if isinstance(ok, bool) else fields.value(key)
+    if value is not None and value != ok:
+        raise ConfigError(f"config key {key!r} = {fields.value(key)!r} is not supported for this family ({what})")
+
+
+def _rope_fields(fields: Fields, theta_key: str = "rope_theta") -> dict[str, Any]:
+    theta, scaling, _ = global_rope(fields, theta_key)
+    return {"rope_theta": theta, "rope_scaling": scaling}
+
+
+def _window(fields: Fields, default: int) -> int | None:
+    """`sliding_window` as transformers reads it: absent -> the family's default, null -> no window."""
+    if "sliding_window" not in fields.obj:
+        return default
+    return fields.integer("sliding_window", None)
+
+
+def _layer_types(fields: Fields, num_layers: int, default: list[str], window: int | None) -> tuple[str, ...]:
+    """Per-layer attention kinds: the config's `layer_types` list, else the family's default pattern."""
+    types = fields.strings("layer_types")
+    if types is None:
+        types = default
+    elif len(types) != num_layers:
+        raise ConfigError(f"config key 'layer_types' has {len(types)} entries but num_hidden_layers = {num_layers}")
+    bad = sorted({t for t in types if t not in (FULL, SLIDING)})
+    if bad:
+        raise ConfigError(f"config key 'layer_types' contains {bad}: only {FULL!r} and {SLIDING!r} are supported")
+    if SLIDING in types and window is None:
+        raise ConfigError("config key 'layer_types' names sliding_attention layers but 'sliding_window' is null")
+    return tuple(types) if SLIDING in types else ()
+
+
+def _plain_decoder(fields: Fields) -> None:
+    """Keys that would change the Llama/Qwen structure; refused where that family's config has them set."""
+    _activation(fields, "hidden_act", "silu", ("silu",))
+    _refuse_key(fields, "mlp_bias", False, "SwiGLU without bias")
+    for key in ("parallel_residual", "use_parallel_residual"):
+        _refuse_key(fields, key, False, "sequential residual only")
+    partial = fields.number("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise ConfigError(f"config key 'partial_rotary_factor' = {partial!r} is not supported (full rotary only)")
+    if fields.value("layer_norm_eps") is not None and fields.value("rms_norm_eps") is None:
+        raise ConfigError(
+            f"config key 'layer_norm_eps' = {fields.value('layer_norm_eps')!r}: LayerNorm is not supported "
+            "for this family (RMSNorm only)"
+        )
+
+
+def _qwen(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
+    _plain_decoder(fields)
+    # Qwen2/Qwen3: sliding window only when use_sliding_window, on layers from max_window_layers on.
+    window = fields.integer("sliding_window", None, minimum=0) if fields.boolean("use_sliding_window", False) else None
+    first = fields.integer("max_window_layers", num_layers, minimum=0)
+    default = [SLIDING if window is not None and i >= first else FULL for i in range(num_layers)]
+    types = _layer_types(fields, num_layers, default, window)
+    return {
+        **_rope_fields(fields),
+        "rms_norm_eps": fields.number("rms_norm_eps"),
+        # Qwen2 always has q/k/v bias; its config has no key for it.
+        "attention_bias": True if model_type == "qwen2" else fields.boolean("attention_bias", False),
+        "qk_norm": model_type == "qwen3",
+        "sliding_window": window if types else None,
+        "layer_types": types,
+    }
+
+
+def _llama(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
+    _plain_decoder(fields)
+    _refuse_key(fields, "sliding_window", None, "Llama has full attention")
+    _layer_types(fields, num_layers, [FULL] * num_layers, None)
+    return {
+        **_rope_fields(fields),
+        "rms_norm_eps": fields.number("rms_norm_eps"),
+        "attention_bias": fields.boolean("attention_bias", False),
+    }
+
+
+def _mistral(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
+    _plain_decoder(fields)
+    window = _window(fields, 4096)
+    if fields.value("layer_types") is not None:
+        raise ConfigError("config key 'layer_types' is not read by Mistral (transformers ignores it: use Ministral)")
+    return {
+        **_rope_fields(fields),
+        "rms_norm_eps": fields.number("rms_norm_eps"),
+        "attention_bias": fields.boolean("attention_bias", False),
+        "sliding_window": window,
+        "layer_types": (SLIDING,) * num_layers if window is not None else (),
+    }
+
+
+def _gemma(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
+    _refuse_key(fields, "mlp_bias", False, "GeGLU without bias")
+    window = _window(fields, 4096)
+    if model_type == "gemma2":  # every other layer slides, starting with layer 0
+        pattern = 2
+        theta, scaling, _ = global_rope(fields)
+        local_theta, local_scaling = theta, scaling
+    else:  # Gemma 3: `sliding_window_pattern - 1` sliding layers, then a full one; two RoPEs
+        pattern = fields.integer("sliding_window_pattern", 6)
+        (theta, scaling), (local_theta, local_scaling) = _gemma3_ropes(fields)
+    default = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
+    types = _layer_types(fields, num_layers, default, window)
+    return {
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "local_rope_theta": local_theta if model_type == "gemma3_text" else None,
+        "local_rope_scaling": local_scaling if model_type == "gemma3_text" else None,
+        "rms_norm_eps": fields.number("rms_norm_eps"),
+        "attention_bias": fields.boolean("attention_bias", False),
+        "qk_norm": model_type == "gemma3_text",
+        "norm_offset": 1.0,
+        "norm_weight_float32": True,
+        "norm_placement": "sandwich",
+        "hidden_act": _activation(fields, "hidden_activation", "gelu_pytorch_tanh", ("gelu_tanh", "gelu", "silu")),
+        "embedding_scale": True,
+        "query_pre_attn_scalar": fields.number("query_pre_attn_scalar"),
+        "attn_logit_softcapping": fields.number("attn_logit_softcapping", None),
+        "final_logit_softcapping": fields.number("final_logit_softcapping", None),
+        "sliding_window": window if types else None,
+        "layer_types": types,
+    }
+
+
+def _gemma3_ropes(fields: Fields) -> tuple[tuple[float, RopeScaling | None], tuple[float, RopeScaling | None]]:
+    """((theta, scaling) of full layers, (theta, scaling) of sliding layers) from either Gemma 3 config form:
+    older `rope_theta` + `rope_scaling` (full layers only) + `rope_local_base_freq`, or per-layer-type
+    `rope_parameters` = {"full_attention": {...}, "sliding_attention": {...}}."""
+    params = fields.nested("rope_parameters")
+    if params is not None and (params.value(FULL) is not None or params.value(SLIDING) is not None):
+        full = params.nested(FULL) or Fields({}, ConfigError, prefix=f"rope_parameters.{FULL}.")
+        local = params.nested(SLIDING) or Fields({}, ConfigError, prefix=f"rope_parameters.{SLIDING}.")
+        return parse_rope(full, fields.number("rope_theta", 1_000_000.0)), parse_rope(
+            local, fields.number("rope_local_base_freq", 10_000.0)
+        )
+    theta, scaling, _ = global_rope(fields)
+    if fields.value("rope_theta") is None and (params is None or params.value("rope_theta") is None):
+        theta = 1_000_000.0  # Gemma 3's default for full layers
+    return (theta, scaling), (fields.number("rope_local_base_freq", 10_000.0), None)
+
+
+def _olmo2(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
+    _plain_decoder(fields)
+    _refuse_key(fields, "sliding_window", None, "OLMo 2 has full attention")
+    _layer_types(fields, num_layers, [FULL] * num_layers, None)
+    return {
+        **_rope_fields(fields),
+        "rms_norm_eps": fields.number("rms_norm_eps"),
+        "attention_bias": fields.boolean("attention_bias", False),
+        "qk_norm": True,
+        "qk_norm_scope": "projection",
+        "norm_weight_float32": True,
+        "norm_placement": "post",
+    }
+
+
+def _gpt_neox(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
+    theta, scaling, params = global_rope(fields, "rotary_emb_base")
+    # partial rotary: `rotary_pct` (older), `partial_rotary_factor` (top level or in rope_parameters)
+    partial = fields.number("rotary_pct", 0.25)
+    partial = fields.number("partial_rotary_factor", partial)
+    if params is not None:
+        partial = params.number("partial_rotary_factor", partial)
+    if partial > 1.0:
+        raise ConfigError(f"config key 'partial_rotary_factor' = {partial!r} must be in (0, 1]")
+    bias = fields.boolean("attention_bias", True)
+    _refuse_key(fields, "sliding_window", None, "GPT-NeoX has full attention")
+    return {
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "rms_norm_eps": fields.number("layer_norm_eps", 1e-5),
+        "attention_bias": bias,
+        "o_proj_bias": bias,
+        "norm_type": "layer",
+        "parallel_residual": fields.boolean("use_parallel_residual", True),
+        "hidden_act": _activation(fields, "hidden_act", "gelu", ("gelu", "gelu_tanh", "silu")),
+        "gated_mlp": False,
+        "mlp_bias": True,
+        "fused_qkv": True,
+        "partial_rotary_factor": partial,
+    }

@@ -21,6 +21,7 @@ __all__ = [
     "add_rms_norm_reference",
     "check_add_rms_norm_args",
     "check_silu_and_mul_args",
+    "gelu_tanh_and_mul_reference",
     "silu_and_mul_reference",
 ]
 
@@ -62,13 +63,21 @@ def check_silu_and_mul_args(x: jax.Array, *, op: str = "silu_and_mul") -> None:
 
 
 def add_rms_norm_reference(
-    x: jax.Array, residual: jax.Array | None, weight: jax.Array, eps: float
+    x: jax.Array,
+    residual: jax.Array | None,
+    weight: jax.Array,
+    eps: float,
+    *,
+    offset: float = 0.0,
+    float32_weight: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """RMSNorm of `x` (or of `x + residual`), exactly as an unfused Hugging Face Qwen3 model computes it.
+    """RMSNorm of `x` (or of `x + residual`), exactly as an unfused Hugging Face model of the family computes it.
 
-    residual None: returns out = weight * to_dtype(fp32(x) * rsqrt(mean(fp32(x)^2) + eps)).
+    residual None: returns out = (offset + weight) * to_dtype(fp32(x) * rsqrt(mean(fp32(x)^2) + eps)), the
+    weight multiply in the activation dtype after the cast, like Qwen3RMSNorm / LlamaRMSNorm (offset 0).
+    float32_weight: out = to_dtype(fp32(x) * rsqrt(...) * (offset + fp32(weight))), the multiply in float32
+    before the one cast, like Gemma2RMSNorm (offset 1) and Olmo2RMSNorm (offset 0).
     residual given: s = to_dtype(fp32(x) + fp32(residual)) is the new residual; returns (out of s, s).
-    The weight multiply happens in the activation dtype after the cast, like Qwen3RMSNorm.
     """
     check_add_rms_norm_args(x, residual, weight, eps, op="add_rms_norm_reference")
     if residual is not None:
@@ -76,7 +85,11 @@ def add_rms_norm_reference(
         x = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
     xf = x.astype(jnp.float32)
     variance = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)  # [..., 1]
-    out = weight * (xf * lax.rsqrt(variance + eps)).astype(x.dtype)
+    normed = xf * lax.rsqrt(variance + eps)  # [..., H] float32
+    if float32_weight:
+        out = (normed * (offset + weight.astype(jnp.float32))).astype(x.dtype)
+    else:
+        out = (offset + weight if offset else weight) * normed.astype(x.dtype)
     return out if residual is None else (out, x)
 
 
@@ -86,3 +99,13 @@ def silu_and_mul_reference(x: jax.Array) -> jax.Array:
     gate, up = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # [..., I] each
     # x / (1 + exp(-x)), the formula torch's silu uses (jax.nn.silu's x * sigmoid(x) rounds differently).
     return (gate / (1.0 + jnp.exp(-gate)) * up).astype(x.dtype)
+
+
+def gelu_tanh_and_mul_reference(x: jax.Array) -> jax.Array:
+    """GeGLU's activation on a merged [..., 2I] input (gate first), GELU with the tanh approximation (Gemma's
+    gelu_pytorch_tanh): to_dtype(gelu_tanh(fp32 gate) * fp32 up), the same single rounding as silu_and_mul."""
+    check_silu_and_mul_args(x, op="gelu_tanh_and_mul_reference")
+    gate, up = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # [..., I] each
+    # torch's formula: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    inner = jnp.sqrt(2.0 / jnp.pi).astype(jnp.float32) * (gate + 0.044715 * gate * gate * gate)
+    return (0.5 * gate * (1.0 + jnp.tanh(inner)) * up).astype(x.dtype)

@@ -21,6 +21,7 @@ __all__ = [
     "add_rms_norm_reference",
     "check_add_rms_norm_args",
     "check_silu_and_mul_args",
+    "gelu_tanh_and_mul_reference",
     "silu_and_mul_reference",
 ]
 
@@ -62,14 +63,22 @@ def check_silu_and_mul_args(x: torch.Tensor, *, op: str = "silu_and_mul") -> Non
 
 
 def add_rms_norm_reference(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    offset: float = 0.0,
+    float32_weight: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm of `x` (or of `x + residual`), exactly as an unfused Hugging Face Qwen3 model computes it.
+    """RMSNorm of `x` (or of `x + residual`), exactly as an unfused Hugging Face model of the family computes it.
 
-    residual None: returns out = weight * to_dtype(fp32(x) * rsqrt(mean(fp32(x)^2) + eps)).
+    residual None: returns out = (offset + weight) * to_dtype(fp32(x) * rsqrt(mean(fp32(x)^2) + eps)), the
+    weight multiply in the activation dtype after the cast, like Qwen3RMSNorm / LlamaRMSNorm (offset 0).
+    float32_weight: out = to_dtype(fp32(x) * rsqrt(...) * (offset + fp32(weight))), the multiply in float32
+    before the one cast, like Gemma2RMSNorm (offset 1: the weight is stored as w, applied as 1 + w) and
+    Olmo2RMSNorm (offset 0).
     residual given: s = to_dtype(fp32(x) + fp32(residual)) is the new residual; returns (out of s, s).
-    The weight multiply happens in the activation dtype after the cast, like Qwen3RMSNorm, which is
-    what keeps bf16/fp16 outputs bit-compatible with the unfused model.
     """
     check_add_rms_norm_args(x, residual, weight, eps, op="add_rms_norm_reference")
     if residual is not None:
@@ -77,7 +86,11 @@ def add_rms_norm_reference(
         x = (x.float() + residual.float()).to(x.dtype)
     xf = x.float()
     variance = xf.pow(2).mean(-1, keepdim=True)  # [..., 1]
-    out = weight * (xf * torch.rsqrt(variance + eps)).to(x.dtype)
+    normed = xf * torch.rsqrt(variance + eps)  # [..., H] float32
+    if float32_weight:
+        out = (normed * (offset + weight.float())).to(x.dtype)
+    else:
+        out = (offset + weight if offset else weight) * normed.to(x.dtype)
     return out if residual is None else (out, x)
 
 
@@ -86,3 +99,11 @@ def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
     check_silu_and_mul_args(x, op="silu_and_mul_reference")
     gate, up = x.float().chunk(2, dim=-1)  # [..., I] each
     return (F.silu(gate) * up).to(x.dtype)
+
+
+def gelu_tanh_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
+    """GeGLU's activation on a merged [..., 2I] input (gate first), GELU with the tanh approximation (Gemma's
+    gelu_pytorch_tanh): to_dtype(gelu_tanh(fp32 gate) * fp32 up), the same single rounding as silu_and_mul."""
+    check_silu_and_mul_args(x, op="gelu_tanh_and_mul_reference")
+    gate, up = x.float().chunk(2, dim=-1)  # [..., I] each
+    return (F.gelu(gate, approximate="tanh") * up).to(x.dtype)

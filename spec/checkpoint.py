@@ -51,6 +51,11 @@ def allow_nonfinite_weights(allow: bool = True) -> Iterator[None]:
         _ALLOW_NONFINITE.reset(token)
 
 
+def nonfinite_weights_allowed() -> bool:
+    """The setting `allow_nonfinite_weights` gives here: what a launcher hands to the processes it spawns."""
+    return _ALLOW_NONFINITE.get()
+
+
 class Checkpoint:
     """The tensors of one checkpoint directory, by name, across shards, memory-mapped."""
 

@@ -9,6 +9,7 @@ this rank's slice of each tensor from the memory map (spec/parallel.py).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,15 +20,23 @@ from torch import nn
 from spec import Checkpoint, ModelSpec, dtype_name, runtime_params
 from spec.generation import eos_token_ids
 from torch_impl.model import CausalLM
+from torch_impl.rotary_embedding import RotaryEmbedding
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def to_torch(array: np.ndarray) -> torch.Tensor:
-    """numpy (float32 / float16 / ml_dtypes.bfloat16) -> a CPU tensor with its own memory."""
-    if array.dtype.name == "bfloat16":  # numpy has no bfloat16: move the bits, reinterpret in torch
-        return torch.from_numpy(np.array(array).view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(np.array(array))
+    """numpy (float32 / float16 / ml_dtypes.bfloat16) -> a CPU tensor over the same memory, no copy.
+
+    The array is usually a read-only view of the checkpoint's memory map: the tensor is only ever read (the
+    loader copies it into the parameter), so torch's warning about non-writable arrays is silenced here
+    rather than paid for with a second copy of every weight (the load measured 8-11% slower with it).
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        if array.dtype.name == "bfloat16":  # numpy has no bfloat16: move the bits, reinterpret in torch
+            return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+        return torch.from_numpy(array)
 
 
 def from_pretrained(
@@ -62,7 +71,8 @@ def from_pretrained(
                 raise AssertionError(f"{module}.{role}: packed shape {list(tensor.shape)} != {list(param.shape)}")
             param.copy_(tensor)
         # Buffers are derived from the spec, not the checkpoint; to_empty left them uninitialized.
-        model.model.rotary_emb.inv_freq = torch.from_numpy(spec.inv_freq()).to(device)
+        for rotary in (m for m in model.modules() if isinstance(m, RotaryEmbedding)):  # one per RoPE kind
+            rotary.inv_freq = rotary.frequencies(device)
     model.eos_token_ids = eos_token_ids(path)
     model.tie_weights()  # to_empty allocated the head separately; point it back at the embedding
     return model.eval().requires_grad_(False)

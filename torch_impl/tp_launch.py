@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from spec import ConfigError, DecoderParityError, ModelSpec, check_token_ids
+from spec.checkpoint import allow_nonfinite_weights, nonfinite_weights_allowed
 from spec.generation import Generation, prepare_prompts
 from spec.parallel import check_tp_degree
 from torch_impl.generate import generate
@@ -47,7 +48,9 @@ def run_tp(fn: Callable[..., Any], tp: int, *args: Any, backend: str = "gloo", t
         raise ConfigError(f"tensor-parallel degree must be a positive integer, got {tp!r}")
     with tempfile.TemporaryDirectory(prefix="decoder-parity-tp-") as workdir:
         try:
-            mp.spawn(_worker, args=(fn, tp, backend, workdir, timeout, args), nprocs=tp, join=True)
+            # A context setting does not cross into spawned processes: hand it over (check --allow-nonfinite).
+            allow = nonfinite_weights_allowed()
+            mp.spawn(_worker, args=(fn, tp, backend, workdir, timeout, allow, args), nprocs=tp, join=True)
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:
             _reraise(Path(workdir), tp, failure.error_index, failure)
             raise
@@ -63,7 +66,14 @@ def tp_device() -> torch.device:
 
 
 def _worker(
-    rank: int, fn: Callable[..., Any], tp: int, backend: str, workdir: str, timeout: timedelta | None, args: tuple
+    rank: int,
+    fn: Callable[..., Any],
+    tp: int,
+    backend: str,
+    workdir: str,
+    timeout: timedelta | None,
+    allow_nonfinite: bool,
+    args: tuple,
 ) -> None:
     if backend == "gloo":
         loopback = next((name for _, name in _socket_interfaces() if name.startswith("lo")), None)
@@ -75,7 +85,8 @@ def _worker(
     kwargs = {} if timeout is None else {"timeout": timeout}
     dist.init_process_group(backend, init_method=f"file://{workdir}/store", rank=rank, world_size=tp, **kwargs)
     try:
-        result = fn(*args)
+        with allow_nonfinite_weights(allow_nonfinite):
+            result = fn(*args)
         if rank == 0:
             with open(Path(workdir) / "result.pkl", "wb") as f:
                 pickle.dump(result, f)

@@ -81,7 +81,8 @@ def test_last_position_logits_equal_last_row_of_full_logits(default_dir, dtype):
     assert result.passed, result.reason
     jax_model = jax_impl.from_pretrained(default_dir, dtype)
     jfull, jlast = (np.asarray(jax_model(ids, last_only=flag)).astype(np.float32) for flag in (False, True))
-    np.testing.assert_array_equal(jlast, jfull[:, -1:])
+    result = judge("logits", jlast, jfull[:, -1:], num_layers=2, tolerance=tol)  # a [B, 1] product may sum
+    assert result.passed, result.reason  # in another order than the [B, T] one on another processor
 
 
 def test_prompt_is_tokenized_with_the_checkpoint_tokenizer(default_dir):

@@ -15,6 +15,7 @@ import pytest
 
 from parity.capture import capture
 from tests.backends import BACKENDS, load, package, rel_err
+from tests.greedy import assert_same_greedy
 from tests.hf_models import HF_CONFIGS
 
 pytest.importorskip("transformers")
@@ -87,24 +88,6 @@ def greedy_hf(directory: Path, ids: np.ndarray, n: int) -> list[int]:
     return out[0, ids.shape[1] :].tolist()
 
 
-def compare_greedy(runs: dict[str, list[int]], ref_logits: list[np.ndarray]) -> list[str]:
-    """Assert token identity, except from a near-tie step on (top-2 gap below the fp32 tolerance)."""
-    near_ties = []
-    names = list(runs)
-    reference = runs[names[0]]
-    for name in names[1:]:
-        for step, (a, b) in enumerate(zip(reference, runs[name], strict=True)):
-            if a == b:
-                continue
-            logits = ref_logits[step][0]
-            top2 = np.sort(logits)[-2:]
-            gap = float(top2[1] - top2[0])
-            assert gap < FP32_REL * np.abs(logits).max(), f"{name} differs from {names[0]} at step {step} (gap {gap})"
-            near_ties.append(f"{name} step {step}: gap {gap:.3g}")
-            break  # after a legitimate near-tie split the continuations are different sequences
-    return near_ties
-
-
 @pytest.mark.parametrize("name", ["default", "qwen3_tied_gqa2", "qwen2_bias_mha", "llama3_scaled"])
 def test_greedy_32_tokens_identical_across_backends_and_transformers(name, default_dir, hf_checkpoint):
     directory = default_dir if name == "default" else hf_checkpoint(name)
@@ -117,6 +100,6 @@ def test_greedy_32_tokens_identical_across_backends_and_transformers(name, defau
         ref_logits = ref_logits or out.logits
     runs["transformers"] = greedy_hf(directory, ids, 32)
     assert len(set(map(len, runs.values()))) == 1 and len(runs["torch"]) == 32
-    near_ties = compare_greedy(runs, ref_logits)
+    near_ties = assert_same_greedy({k: [v] for k, v in runs.items()}, ref_logits)
     if near_ties:
         print(f"{name}: near-tie steps reported, not hidden: {near_ties}")

@@ -15,6 +15,7 @@ import pytest
 
 from spec import InputError
 from tests.backends import load, package, rel_err, run
+from tests.greedy import assert_same_greedy
 
 FP32_REL = 1e-5  # the float32 tolerance of the decoder (see tests/parity/test_hf_reference.py)
 
@@ -39,9 +40,11 @@ class GenerateTwin:
 
     def test_ragged_batch_rows_equal_rows_alone(self, model):
         prompts = [[5, 9, 200, 17, 33], [7, 8], [100, 101, 102]]
-        together = self.generate(model, prompts, 10, eos_token_ids=()).tokens
+        together = self.generate(model, prompts, 10, eos_token_ids=(), return_logits=True)
         alone = [self.generate(model, [p], 10, eos_token_ids=()).tokens[0] for p in prompts]
-        assert together == alone
+        # A row alone runs [1, H] products, in the batch [3, H] ones: another summation order, so the tokens
+        # match except after a near-tie (tests/greedy.py).
+        assert_same_greedy({"together": together.tokens, "alone": alone}, together.logits)
 
     def test_same_seed_same_tokens(self, model):
         kw = dict(temperature=0.9, top_k=40, top_p=0.9, eos_token_ids=())

@@ -1,4 +1,5 @@
-"""decoder-parity's JAX/Flax NNX backend: Qwen3 / Qwen2 / Llama decoders from one `spec.ModelSpec`.
+"""decoder-parity's JAX/Flax NNX backend: the decoders of spec/families.py (Qwen3, Qwen2, Llama, Mistral, Gemma 2,
+Gemma 3 text, OLMo 2, GPT-NeoX) from one `spec.ModelSpec`.
 
 Twin of `torch_impl` (same file, class and attribute names). Imports JAX and never torch.
 """

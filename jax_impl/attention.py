@@ -1,10 +1,13 @@
-"""Grouped-query causal self-attention with RoPE and Qwen3's per-head q/k RMSNorm.
+"""Grouped-query causal self-attention with RoPE and the families' q/k norms, soft-capping and fused qkv.
 
-Mirrors torch_impl/attention.py. q/k/v projections (bias where the spec says so), per-head RMSNorm on q and
-k before RoPE (Qwen3), rotate-half RoPE, key/value heads shared by `num_kv_groups` consecutive query
-heads (query head h reads kv head h // groups, as repeat_interleave of the keys would give, done as a reshape
-of the queries), scores and softmax in float32, output projection. An optional
-KV cache receives this step's keys and values and returns every cached slot (functionally).
+Mirrors torch_impl/attention.py. q/k/v projections (bias where the spec says so), or GPT-NeoX's one qkv
+projection laid out per head ([n, 3, d]); q/k norms before RoPE, per head over d (Qwen3, Gemma 3) or over the
+whole projection before the view into heads (OLMo 2); rotate-half RoPE, partial where the spec says so; key/value
+heads shared by `num_kv_groups` consecutive query heads (query head h reads kv head h // groups, as
+repeat_interleave of the keys would give, done as a reshape of the queries); scores (scaled by
+spec.attention_scale, soft-capped in Gemma 2) and softmax in float32; output projection (bias in GPT-NeoX). The
+layer's sliding window arrives in its mask (jax_impl/model.py builds one per layer kind). An optional KV cache
+receives this step's keys and values and returns every cached slot (functionally).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_impl.layernorm import RMSNorm
+from jax_impl.layernorm import make_norm
 from jax_impl.linear import Linear
 from jax_impl.rotary_embedding import apply_rotary
 from spec import ModelSpec
@@ -36,15 +39,20 @@ def group_heads(q: jax.Array, num_kv_heads: int) -> jax.Array:
     return q.reshape(b, t, num_kv_heads, n // num_kv_heads, d)
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+def attend(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, softcap: float | None = None
+) -> jax.Array:
     """q [B, T, n_kv, g, d] (grouped), k [B, n_kv, S, d], v [B, n_kv, d, S], mask [B, T, S] bool (True = may
     attend): the KV cache's layouts (kv_cache.py says why).
 
     Returns [B, T, n_kv, g, d]. Scores, softmax and the weighted sum run in float32; masked scores get the
-    float32 minimum rather than -inf so that a fully masked (padding) row stays finite instead of NaN.
+    float32 minimum rather than -inf so that a fully masked (padding) row stays finite instead of NaN. A
+    `softcap` (Gemma 2) maps the scaled scores to cap * tanh(scores / cap) before the mask, as transformers does.
     """
     f32 = jnp.float32
     scores = jnp.einsum("btkgd,bksd->bkgts", q.astype(f32), k.astype(f32), precision=HIGHEST) * scale
+    if softcap is not None:
+        scores = softcap * jnp.tanh(scores / softcap)
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(f32).min)  # [B, n_kv, g, T, S]
     probs = jax.nn.softmax(scores, axis=-1)
     out = jnp.einsum("bkgts,bkds->btkgd", probs, v.astype(f32), precision=HIGHEST)
@@ -61,16 +69,26 @@ class Attention(nnx.Module):
             spec.num_key_value_heads,
             spec.head_dim,
         )
-        self.scale = spec.head_dim**-0.5
+        self.scale = spec.attention_scale  # head_dim ** -0.5, or query_pre_attn_scalar ** -0.5 (Gemma)
+        self.softcap = spec.attn_logit_softcapping
+        self.fused_qkv = spec.fused_qkv
+        self.qk_norm_scope = spec.qk_norm_scope
         h, q_out, kv_out = spec.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         kw = dict(dtype=dtype, param_dtype=dtype, precision=HIGHEST, rngs=rngs)
-        self.q_proj = Linear(h, q_out, use_bias=spec.attention_bias, **kw)
-        self.k_proj = Linear(h, kv_out, use_bias=spec.attention_bias, **kw)
-        self.v_proj = Linear(h, kv_out, use_bias=spec.attention_bias, **kw)
-        self.o_proj = Linear(q_out, h, use_bias=False, **kw)
-        if spec.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
-            self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
+        if self.fused_qkv and spec.qk_norm and spec.qk_norm_scope == "projection":
+            raise NotImplementedError("fused_qkv with a q/k norm over the whole projection is not implemented")
+        if self.fused_qkv:  # outputs per head [n, 3, d]: a head's q, k, v side by side (GPT-NeoX)
+            self.qkv_proj = Linear(h, q_out + 2 * kv_out, use_bias=spec.attention_bias, **kw)
+        else:
+            self.q_proj = Linear(h, q_out, use_bias=spec.attention_bias, **kw)
+            self.k_proj = Linear(h, kv_out, use_bias=spec.attention_bias, **kw)
+            self.v_proj = Linear(h, kv_out, use_bias=spec.attention_bias, **kw)
+        self.o_proj = Linear(q_out, h, use_bias=spec.o_proj_bias, **kw)
+        if spec.qk_norm:  # over each head's d, or over the whole projection (OLMo 2)
+            per_head = spec.qk_norm_scope == "head"
+            norm = dict(dtype=dtype, kernels=kernels)
+            self.q_norm = make_norm(spec, self.head_dim if per_head else q_out, **norm)
+            self.k_norm = make_norm(spec, self.head_dim if per_head else kv_out, **norm)
         else:
             self.q_norm = self.k_norm = None
 
@@ -84,10 +102,17 @@ class Attention(nnx.Module):
         trace: dict[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)  # [B, T, n, d]
-        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)  # [B, T, n_kv, d]
-        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)  # [B, T, n_kv, d]
-        if self.q_norm is not None:
+        n, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.fused_qkv:
+            qkv = self.qkv_proj(x).reshape(b, t, n, 3 * d)  # [B, T, n, 3d]: per head, q then k then v
+            q, k, v = jnp.split(qkv, 3, axis=-1)  # [B, T, n, d] each (fused_qkv: n_kv == n)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, n*d], [B, T, n_kv*d] x2
+            if self.q_norm is not None and self.qk_norm_scope == "projection":  # OLMo 2: before the view
+                q, k = self.q_norm(q), self.k_norm(k)
+            q = q.reshape(b, t, n, d)  # [B, T, n, d]
+            k, v = k.reshape(b, t, n_kv, d), v.reshape(b, t, n_kv, d)  # [B, T, n_kv, d]
+        if self.q_norm is not None and self.qk_norm_scope == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if trace is not None:
@@ -96,5 +121,5 @@ class Attention(nnx.Module):
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 3, 1)  # [B, n_kv, T, d], [B, n_kv, d, T]
         if cache is not None:
             cache, k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, S, d], [B, n_kv, d, S]: every slot
-        out = attend(group_heads(q, self.num_kv_heads), k, v, mask, self.scale)  # [B, T, n_kv, g, d]
-        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), cache  # [B, T, H]
+        out = attend(group_heads(q, n_kv), k, v, mask, self.scale, self.softcap)  # [B, T, n_kv, g, d]
+        return self.o_proj(out.reshape(b, t, n * d)), cache  # [B, T, H]

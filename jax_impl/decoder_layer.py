@@ -1,8 +1,15 @@
-"""One pre-norm decoder layer in the dual-variable residual flow (docs/design.md, "The dual-variable flow").
+"""One pre-norm decoder layer in the dual-variable residual flow (docs/design.md, "The dual-variable flow"), and
+`decoder_layer`, which picks the layer class a spec's structure needs.
 
 Mirrors torch_impl/decoder_layer.py. A layer takes and returns (hidden, residual): the add of the
 previous increment into the residual stream happens inside the next add_rms_norm, so the returned
 hidden is the MLP's increment, not x2. Trace mode records the math variables x1 and x2 explicitly.
+
+The sandwich layer (Gemma 2 / 3) is the same flow with a plain norm on each increment: post_attention_layernorm
+on the attention output (HF's name: in a sandwich layer it is the norm ON the attention output), then
+pre_feedforward_layernorm fuses the add into x1 with the MLP's input norm, and post_feedforward_layernorm normalizes
+the MLP's output before the next add. The post-norm (OLMo 2) and parallel-residual (GPT-NeoX) layers are plain-flow
+layers in jax_impl/decoder_layer_plain.py.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_impl.attention import Attention
-from jax_impl.layernorm import RMSNorm
+from jax_impl.decoder_layer_plain import ParallelDecoderLayer, PostNormDecoderLayer, add
+from jax_impl.layernorm import make_norm
 from jax_impl.mlp import MLP
 from spec import ModelSpec
 
@@ -34,9 +42,14 @@ class DecoderLayer(nnx.Module):
         rngs: nnx.Rngs,
     ):
         self.layer_idx = layer_idx
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
+        self.sandwich = spec.norm_placement == "sandwich"
+        norm = dict(dtype=dtype, kernels=kernels)
+        self.input_layernorm = make_norm(spec, spec.hidden_size, **norm)
         self.self_attn = Attention(spec, layer_idx, dtype=dtype, kernels=kernels, rngs=rngs)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
+        self.post_attention_layernorm = make_norm(spec, spec.hidden_size, **norm)
+        if self.sandwich:
+            self.pre_feedforward_layernorm = make_norm(spec, spec.hidden_size, **norm)
+            self.post_feedforward_layernorm = make_norm(spec, spec.hidden_size, **norm)
         self.mlp = MLP(spec, layer_idx, dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
 
     def __call__(
@@ -59,12 +72,36 @@ class DecoderLayer(nnx.Module):
         hidden, cache = self.self_attn(hidden, cos, sin, mask, cache, trace)
         if trace is not None:
             trace[f"{name}.attn_out"] = hidden
-        hidden, residual = self.post_attention_layernorm(hidden, residual)  # residual is now x1
+        if self.sandwich:  # the attention increment is normalized before it joins the stream
+            hidden = self.post_attention_layernorm(hidden)
+            if trace is not None:
+                trace[f"{name}.attn_post_norm"] = hidden
+            hidden, residual = self.pre_feedforward_layernorm(hidden, residual)  # residual is now x1
+        else:
+            hidden, residual = self.post_attention_layernorm(hidden, residual)  # residual is now x1
         if trace is not None:
             trace[f"{name}.x1"] = residual
             trace[f"{name}.post_attn_norm"] = hidden
         hidden = self.mlp(hidden, trace)  # an increment: x2 = hidden + residual, materialized later
         if trace is not None:
             trace[f"{name}.mlp_out"] = hidden
-            trace[f"{name}.x2"] = (hidden.astype(jnp.float32) + residual.astype(jnp.float32)).astype(hidden.dtype)
+        if self.sandwich:
+            hidden = self.post_feedforward_layernorm(hidden)
+            if trace is not None:
+                trace[f"{name}.mlp_post_norm"] = hidden
+        if trace is not None:
+            trace[f"{name}.x2"] = add(hidden, residual)
         return hidden, residual, cache
+
+
+def decoder_layer(
+    spec: ModelSpec, layer_idx: int, *, dtype: jnp.dtype, kernels: str = "reference", tp: int = 1, rngs: nnx.Rngs
+) -> DecoderLayer | PostNormDecoderLayer | ParallelDecoderLayer:
+    """The layer class the spec's residual structure needs: pre-norm or sandwich (dual-variable flow), post-norm
+    (OLMo 2) or parallel residual (GPT-NeoX), the last two in the plain flow."""
+    kw = dict(dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
+    if spec.parallel_residual:
+        return ParallelDecoderLayer(spec, layer_idx, **kw)
+    if spec.norm_placement == "post":
+        return PostNormDecoderLayer(spec, layer_idx, **kw)
+    return DecoderLayer(spec, layer_idx, **kw)

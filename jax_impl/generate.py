@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 from jax.tree_util import PyTreeDef
 
 from jax_impl.kv_cache import DONATE_CACHE, KVCache
-from jax_impl.model import CausalLM, causal_mask, default_positions
+from jax_impl.model import CausalLM, attention_masks, default_positions
 from jax_impl.tensor_parallel import sharded_steps
 from jax_impl.vocab_parallel import DATA, gather_logits, greedy_token
 from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
@@ -62,7 +62,9 @@ def _prefill(graphdef, params: SamplingParams, state, cache: KVCache, ids, key_v
     """Prompt ids [B, T] -> (first token [B], its logits [B, V] f32, cache, finished [B])."""
     model: CausalLM = nnx.merge(graphdef, state)
     t = ids.shape[1]
-    logits, cache = model.logits(ids, default_positions(key_valid, 0, t), causal_mask(key_valid, 0, t), cache, True)
+    logits, cache = model.logits(
+        ids, default_positions(key_valid, 0, t), attention_masks(model.spec, key_valid, 0, t), cache, True
+    )
     logits = logits[:, -1].astype(jnp.float32)  # [B, V]
     token, finished = _next(logits, params, key, jnp.zeros(ids.shape[0], bool), eos, model.layout.tp)
     return token, logits, cache.advance(t), finished
@@ -73,8 +75,8 @@ def _decode_step(graphdef, params: SamplingParams, state, cache: KVCache, token,
     model: CausalLM = nnx.merge(graphdef, state)
     key_valid = key_valid.at[:, cache.length].set(True)  # [B, S_max]: this step's slot is a real token
     positions = default_positions(key_valid, cache.length, 1)  # [B, 1]
-    mask = causal_mask(key_valid, cache.length, 1)  # [B, 1, S_max]
-    logits, cache = model.logits(token[:, None], positions, mask, cache, True)
+    masks = attention_masks(model.spec, key_valid, cache.length, 1)  # per layer type [B, 1, S_max]
+    logits, cache = model.logits(token[:, None], positions, masks, cache, True)
     logits = logits[:, -1].astype(jnp.float32)
     token, finished = _next(logits, params, key, finished, eos, model.layout.tp)
     return token, logits, cache.advance(1), key_valid, finished

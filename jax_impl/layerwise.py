@@ -1,7 +1,7 @@
 """jax_impl's decoder one piece at a time, straight from a checkpoint: for a layer-streamed parity check.
 
 Mirrors torch_impl/layerwise.py. `Layerwise` builds each piece from the classes the whole model is made of
-(`Embedding`, `DecoderLayer`, `RMSNorm`, `Linear`) abstractly (`nnx.eval_shape`), fills it from
+(`Embedding`, `decoder_layer`, `make_norm`, `Linear`) abstractly (`nnx.eval_shape`), fills it from
 spec/layerwise.py (`runtime_params` restricted to the piece: validated, packed, scanned) as
 jax_impl/loader.py fills the whole model (Linear kernels transposed to Flax's [in, out]), runs it and drops
 it before the next piece loads:
@@ -11,10 +11,11 @@ it before the next piece loads:
     head(inputs)           the final norm, then the logits over the head's table in blocks of rows
 
 One compiled program per piece structure, reused: every decoder layer is built as layer 0 (the index only
-names trace entries, renamed after the run), so all layers share one graph and one compilation (two: layer
-0's input has no residual yet); the head's blocks share one (two: the last block is shorter). Between
-pieces only the activations at a layer boundary are kept: a `Boundary`, the (hidden, residual) pair of the
-dual-variable flow (docs/design.md, "The dual-variable flow").
+names trace entries, renamed after the run), so all layers share one graph and one compilation per layer type
+(its window and RoPE; one more where layer 0's input has no residual yet); the head's blocks share one (two: the
+last block is shorter). Between pieces only the activations at a layer boundary are kept: a `Boundary`, the
+(hidden, residual) pair of the dual-variable flow (docs/design.md, "The dual-variable flow"), or (x, None) between
+plain-flow layers (post-norm, parallel residual: jax_impl/decoder_layer_plain.py).
 """
 
 from __future__ import annotations
@@ -29,35 +30,52 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_impl.decoder_layer import DecoderLayer
+from jax_impl.decoder_layer import decoder_layer
 from jax_impl.embedding import HIGHEST, Embedding
-from jax_impl.layernorm import RMSNorm
+from jax_impl.layernorm import make_norm
 from jax_impl.linear import Linear
 from jax_impl.loader import _FLAX_ATTR, DTYPES
 from jax_impl.model import causal_mask, default_positions
 from jax_impl.rotary_embedding import RotaryEmbedding
 from kernels import resolve_kernels
-from spec import InputError, ModelSpec, check_token_ids, dtype_name
-from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_params, module_param
-from spec.params import EMBEDDING, LINEAR, NORM
+from spec import Checkpoint, InputError, ModelSpec, check_token_ids, dtype_name, runtime_params
+from spec.families import FULL, SLIDING
+from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_params
+from spec.params import EMBEDDING, LINEAR
 
 Boundary = tuple[jax.Array, jax.Array | None]  # (hidden, residual); residual None before layer 0
 Trace = dict[str, jax.Array] | None
 _BUILT_AS = "layers.0."  # every layer is built as layer 0: its trace names are renamed to the real index
 
 
-@partial(jax.jit, static_argnames=("graphdef", "spec"))
+@partial(jax.jit, static_argnames=("graphdef", "spec", "layer_type"))
 def _layer_program(
-    graphdef: nnx.GraphDef, state: nnx.State, hidden: jax.Array, residual: jax.Array | None, spec: ModelSpec
-) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-    """One decoder layer with the RoPE angles and causal mask `CausalLM.__call__` builds for unpadded ids."""
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    hidden: jax.Array,
+    residual: jax.Array | None,
+    spec: ModelSpec,
+    layer_type: str,
+) -> tuple[jax.Array, jax.Array | None, dict[str, jax.Array]]:
+    """One decoder layer with the RoPE angles and mask `CausalLM.__call__` builds for unpadded ids and a layer of
+    `layer_type` (its window, its RoPE frequencies): one program per layer type, not per layer."""
     layer = nnx.merge(graphdef, state)
     b, t = hidden.shape[:2]
     key_valid = jnp.ones((b, t), bool)
-    cos, sin = RotaryEmbedding(spec)(default_positions(key_valid, 0, t))
+    rope = layer_type if layer_type in spec.rope_kinds else FULL
+    cos, sin = RotaryEmbedding(spec, rope)(default_positions(key_valid, 0, t))
+    mask = causal_mask(key_valid, 0, t, spec.sliding_window if layer_type == SLIDING else None)
     trace: dict[str, jax.Array] = {}
-    hidden, residual, _ = layer(hidden, residual, cos, sin, causal_mask(key_valid, 0, t), None, trace)
+    hidden, residual, _ = layer(hidden, residual, cos, sin, mask, None, trace)
     return hidden, residual, trace
+
+
+@partial(jax.jit, static_argnames=("graphdef", "scale"))
+def _embed_program(graphdef: nnx.GraphDef, state: nnx.State, inverse: jax.Array, scale: bool) -> jax.Array:
+    hidden = nnx.merge(graphdef, state)(inverse)  # [B, T, H]
+    if scale:  # Gemma: sqrt(H) as float32, rounded to the activation dtype, as jax_impl/model.py
+        hidden = hidden * jnp.asarray(np.float32(hidden.shape[-1] ** 0.5), hidden.dtype)
+    return hidden
 
 
 @partial(jax.jit, static_argnames=("graphdef",))
@@ -70,6 +88,12 @@ def _norm_program(graphdef: nnx.GraphDef, state: nnx.State, hidden: jax.Array, r
 def _head_program(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array) -> jax.Array:
     head = nnx.merge(graphdef, state)
     return head.attend(x) if isinstance(head, Embedding) else head(x)  # tied: x @ E^T, as CausalLM.logits
+
+
+@partial(jax.jit, static_argnames=("cap",))
+def _softcap_program(logits: jax.Array, cap: float) -> jax.Array:
+    """Gemma 2's final soft-cap, as CausalLM.logits: cap * tanh(logits / cap) in float32, then the logits' dtype."""
+    return (cap * jnp.tanh(logits.astype(jnp.float32) / cap)).astype(logits.dtype)
 
 
 def _place(array: np.ndarray, dtype: jnp.dtype, transpose: bool) -> jax.Array:
@@ -144,7 +168,8 @@ class Layerwise:
             lambda: Embedding(*size, dtype=self.dtype, rngs=nnx.Rngs(0)),
             [("", "weight", EMBEDDING, rows)],
         )
-        hidden = self._run(lambda: nnx.merge(graphdef, state)(jnp.asarray(inverse, jnp.int32)))  # [B, T, H]
+        inverse = jnp.asarray(inverse, jnp.int32)
+        hidden = self._run(_embed_program, graphdef, state, inverse, self.spec.embedding_scale)  # [B, T, H]
         self._embedded = True
         if trace is not None:
             trace["embed"] = hidden
@@ -155,7 +180,8 @@ class Layerwise:
         this backend's layer input: (x, None) before layer 0 (x is the embedding); else (0, x), whose
         add_rms_norm gives exactly x as the new residual, so the layer normalizes exactly x."""
         array = jnp.asarray(np.asarray(x, dtype=np.float32), dtype=self.dtype)
-        return (array, None) if first_layer else (jnp.zeros_like(array), array)
+        plain = self.spec.parallel_residual or not self.spec.pre_norm  # plain-flow layers take (x, None)
+        return (array, None) if first_layer or plain else (jnp.zeros_like(array), array)
 
     def run_layer(self, index: int, inputs: Sequence[Boundary], traces: Sequence[Trace]) -> list[Boundary]:
         """Load decoder layer `index`, run it on each input (recording into the matching trace), drop it."""
@@ -163,12 +189,13 @@ class Layerwise:
             raise InputError("run_layer before embed: a streamed forward starts with embed(ids)")
         graphdef, state = self._build(
             ("layer",),
-            lambda: DecoderLayer(self.spec, 0, dtype=self.dtype, kernels=self.kernels, rngs=nnx.Rngs(0)),
+            lambda: decoder_layer(self.spec, 0, dtype=self.dtype, kernels=self.kernels, rngs=nnx.Rngs(0)),
             layer_params(self.directory, self.spec, index),
         )
         outputs = []
+        kind = self.spec.layer_type(index)
         for (hidden, residual), trace in zip(inputs, traces, strict=True):
-            hidden, residual, captured = self._run(_layer_program, graphdef, state, hidden, residual, self.spec)
+            hidden, residual, captured = self._run(_layer_program, graphdef, state, hidden, residual, self.spec, kind)
             if trace is not None:
                 name = f"layers.{index}."
                 trace.update({name + key.removeprefix(_BUILT_AS): value for key, value in captured.items()})
@@ -178,13 +205,15 @@ class Layerwise:
     def head(self, inputs: Sequence[Boundary], traces: Sequence[Trace]) -> list[jax.Array]:
         """The final norm of each input (consuming the last increment), then its logits [B, T, V], the head's
         table read in blocks of rows (spec/layerwise.py); returns the logits."""
-        h = self.spec.hidden_size
-        weight = module_param(self.directory, self.spec, final_norm_module(self.spec))
-        norm = self._build(
-            ("norm",),
-            lambda: RMSNorm(h, self.spec.rms_norm_eps, dtype=self.dtype, kernels=self.kernels),
-            [("", "weight", NORM, weight)],
-        )
+        h, module = self.spec.hidden_size, final_norm_module(self.spec)
+        # The final norm's parameters (RMSNorm: a weight; LayerNorm: weight and bias), copied out of the map.
+        params = [
+            ("", role, kind, np.array(array))
+            for _, role, kind, array in runtime_params(
+                Checkpoint(self.directory), self.spec, modules=lambda m: m == module
+            )
+        ]
+        norm = self._build(("norm",), lambda: make_norm(self.spec, h, dtype=self.dtype, kernels=self.kernels), params)
         normed = [self._run(_norm_program, *norm, hidden, residual) for hidden, residual in inputs]  # [B, T, H]
         blocks: list[list[jax.Array]] = [[] for _ in inputs]
         for _start, kind, block in head_blocks(self.directory, self.spec):
@@ -200,9 +229,13 @@ class Layerwise:
             for out, x in zip(blocks, normed, strict=True):
                 out.append(self._run(_head_program, *head, x))  # [B, T, n]
             del head, block  # before the next block loads
-        logits = [jnp.concatenate(out, axis=-1) for out in blocks]  # [B, T, V]
-        for trace, final, full in zip(traces, normed, logits, strict=True):
+        heads = [jnp.concatenate(out, axis=-1) for out in blocks]  # [B, T, V]
+        cap = self.spec.final_logit_softcapping
+        logits = heads if cap is None else [self._run(_softcap_program, x, cap) for x in heads]
+        for trace, final, head, full in zip(traces, normed, heads, logits, strict=True):
             if trace is not None:
                 trace["final_norm"] = final
+                if cap is not None:
+                    trace["head"] = head
                 trace["logits"] = full
         return logits

@@ -1,7 +1,10 @@
 """The decoder (`Model`) and the causal LM with its (tied) head (`CausalLM`). Only composes layers.
 
-Mirrors torch_impl/model.py. `CausalLM.__call__` validates token ids at the boundary on the host, then
-runs one jit-compiled entry point (`forward`) on the split graph and state. A tied model has no head
+Mirrors torch_impl/model.py. Per forward, one attention mask per layer kind (full, sliding window) and one RoPE
+table per kind with its own frequencies (spec.rope_kinds) are built once and handed to each layer; the embedding
+is scaled where the family does (Gemma), and the head's logits soft-capped (Gemma 2). `CausalLM.__call__`
+validates token ids at the boundary on the host, then runs one jit-compiled entry point (`forward`) on the split
+graph and state. A tied model has no head
 parameter: logits are `embed_tokens.attend(x)`, x @ E^T with the embedding Param itself. With tp > 1
 (jax_impl/tensor_parallel.py) the modules are sized by `module_spec`, every rank's shards side by side, and
 the loader places each device's slice.
@@ -17,25 +20,43 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_impl.decoder_layer import DecoderLayer
+from jax_impl.decoder_layer import decoder_layer
 from jax_impl.embedding import HIGHEST, Embedding
-from jax_impl.layernorm import RMSNorm
+from jax_impl.layernorm import make_norm
 from jax_impl.linear import Linear
 from jax_impl.rotary_embedding import RotaryEmbedding
 from jax_impl.vocab_parallel import mask_padding
 from kernels import resolve_kernels
 from spec import ModelSpec, check_attention_mask, check_positions, check_token_ids
+from spec.families import FULL, SLIDING
 from spec.parallel import ShardLayout
 
 if TYPE_CHECKING:
     from jax_impl.kv_cache import KVCache
 
 
-def causal_mask(key_valid: jax.Array, q_start: jax.Array | int, q_len: int) -> jax.Array:
-    """key_valid [B, S] bool; queries sit at slots q_start .. q_start + q_len - 1 -> mask [B, T, S]."""
+Masks = dict[str, jax.Array]  # layer type (FULL, SLIDING) -> its attention mask [B, T, S]
+
+
+def causal_mask(key_valid: jax.Array, q_start: jax.Array | int, q_len: int, window: int | None = None) -> jax.Array:
+    """key_valid [B, S] bool; queries sit at slots q_start .. q_start + q_len - 1 -> mask [B, T, S].
+
+    With a `window` a query at slot q sees keys at slots q - window < k <= q (transformers'
+    sliding_window_overlay): slots, so left padding counts, as it does in transformers."""
     q_slot = q_start + jnp.arange(q_len)  # [T]
     k_slot = jnp.arange(key_valid.shape[1])  # [S]
-    return (k_slot[None, :] <= q_slot[:, None])[None] & key_valid[:, None, :]  # [B, T, S]
+    allowed = k_slot[None, :] <= q_slot[:, None]  # [T, S]
+    if window is not None:
+        allowed = allowed & (k_slot[None, :] > q_slot[:, None] - window)
+    return allowed[None] & key_valid[:, None, :]  # [B, T, S]
+
+
+def attention_masks(spec: ModelSpec, key_valid: jax.Array, q_start: jax.Array | int, q_len: int) -> Masks:
+    """One mask per layer type the spec's layers use (full: causal; sliding: causal within the window)."""
+    kinds = sorted({spec.layer_type(i) for i in range(spec.num_hidden_layers)})
+    return {
+        kind: causal_mask(key_valid, q_start, q_len, spec.sliding_window if kind == SLIDING else None) for kind in kinds
+    }
 
 
 def default_positions(key_valid: jax.Array, q_start: jax.Array | int, q_len: int) -> jax.Array:
@@ -50,32 +71,45 @@ class Model(nnx.Module):
         self.embed_tokens = Embedding(layout.vocab_size, spec.hidden_size, dtype=dtype, tp=tp, rngs=rngs)
         self.layers = nnx.List(
             [
-                DecoderLayer(layout, i, dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
+                decoder_layer(layout, i, dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
                 for i in range(spec.num_hidden_layers)
             ]
         )
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype=dtype, kernels=kernels)
+        self.norm = make_norm(spec, spec.hidden_size, dtype=dtype, kernels=kernels)
         self.rotary_emb = RotaryEmbedding(spec)
+        if SLIDING in spec.rope_kinds:  # sliding layers' own frequencies (Gemma 3's local base)
+            self.rotary_emb_local = RotaryEmbedding(spec, SLIDING)
 
     def __call__(
         self,
         input_ids: jax.Array,
         positions: jax.Array,
-        mask: jax.Array,
+        masks: Masks,
         cache: KVCache | None = None,
         last_only: bool = False,
         trace: dict[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
+        """masks: `attention_masks(spec, ...)`, one per layer type."""
         hidden = self.embed_tokens(input_ids)  # [B, T, H]
+        if self.spec.embedding_scale:  # Gemma: sqrt(H) as float32, rounded to the activation dtype, then multiplied
+            hidden = hidden * jnp.asarray(np.float32(self.spec.hidden_size**0.5), hidden.dtype)
         if trace is not None:
             trace["embed"] = hidden
-        cos, sin = self.rotary_emb(positions)
+        ropes = {FULL: self.rotary_emb(positions)}  # (cos, sin) per layer type with its own frequencies
+        if SLIDING in self.spec.rope_kinds:
+            ropes[SLIDING] = self.rotary_emb_local(positions)
         residual = None
-        for layer in self.layers:
-            hidden, residual, cache = layer(hidden, residual, cos, sin, mask, cache, trace)
+        for i, layer in enumerate(self.layers):
+            kind = self.spec.layer_type(i)
+            cos, sin = ropes.get(kind, ropes[FULL])
+            hidden, residual, cache = layer(hidden, residual, cos, sin, masks[kind], cache, trace)
         if last_only:  # the norm and head are per position: only the last one is needed
-            hidden, residual = hidden[:, -1:], residual[:, -1:]  # [B, 1, H]
-        hidden, _ = self.norm(hidden, residual)  # consumes the last increment: norm(x2 of the last layer)
+            hidden = hidden[:, -1:]  # [B, 1, H]
+            residual = None if residual is None else residual[:, -1:]
+        if residual is None:  # a plain-flow model (post-norm, parallel residual): hidden is x2 itself
+            hidden = self.norm(hidden)
+        else:
+            hidden, _ = self.norm(hidden, residual)  # consumes the last increment: norm(x2 of the last layer)
         if trace is not None:
             trace["final_norm"] = hidden
         return hidden, cache
@@ -116,17 +150,22 @@ class CausalLM(nnx.Module):
         self,
         input_ids: jax.Array,
         positions: jax.Array,
-        mask: jax.Array,
+        masks: Masks,
         cache: KVCache | None = None,
         last_only: bool = False,
         trace: dict[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """The traced body (call it under jit): validated ids -> (logits, updated cache)."""
-        hidden, cache = self.model(input_ids, positions, mask, cache, last_only, trace)
+        hidden, cache = self.model(input_ids, positions, masks, cache, last_only, trace)
         if self.lm_head is None:
             logits = self.model.embed_tokens.attend(hidden)  # x @ E^T
         else:
             logits = self.lm_head(hidden)
+        cap = self.spec.final_logit_softcapping
+        if cap is not None:  # Gemma 2: cap * tanh(logits / cap) in float32, then the logits' dtype
+            if trace is not None:
+                trace["head"] = logits
+            logits = (cap * jnp.tanh(logits.astype(jnp.float32) / cap)).astype(logits.dtype)
         if self.layout.padded_vocab != self.spec.vocab_size:  # padding rows of a sharded vocabulary: never chosen
             logits = mask_padding(logits, 0, self.spec.vocab_size)
         if trace is not None:
@@ -182,5 +221,5 @@ def forward(
     if positions is None:
         positions = default_positions(key_valid, 0, t)
     captured: dict[str, jax.Array] | None = {} if trace else None
-    logits, _ = model.logits(ids, positions, causal_mask(key_valid, 0, t), None, last_only, captured)
+    logits, _ = model.logits(ids, positions, attention_masks(model.spec, key_valid, 0, t), None, last_only, captured)
     return logits, captured

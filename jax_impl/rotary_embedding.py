@@ -1,8 +1,10 @@
-"""Rotary position embedding, rotate-half convention (the Hugging Face / Qwen / Llama layout).
+"""Rotary position embedding, rotate-half convention (the Hugging Face / Qwen / Llama / GPT-NeoX layout).
 
 Mirrors torch_impl/rotary_embedding.py. Frequencies (theta and any linear / llama3 scaling) come from
-the spec as float32, identical bits in both backends; under jit they are a constant. Angles, cos, sin
-and the rotation are computed in float32 and cast once to the activation dtype.
+the spec as float32, identical bits in both backends; under jit they are a constant. One table per layer type
+that has its own RoPE (Gemma 3's sliding layers: spec.rope_kinds). Angles, cos, sin and the rotation are computed
+in float32 and cast once to the activation dtype. Partial rotary (GPT-NeoX) rotates the first rotary_dim dims of
+each head and passes the rest through.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from spec import ModelSpec
+from spec.families import FULL
 
 
 def rotate_half(x: jax.Array) -> jax.Array:
@@ -21,19 +24,24 @@ def rotate_half(x: jax.Array) -> jax.Array:
 
 
 def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x [B, T, n, d]; cos, sin [B, T, d] float32."""
+    """x [B, T, n, d]; cos, sin [B, T, r] float32 with r = rotary_dim <= d: the first r dims rotate."""
+    r = cos.shape[-1]
     xf = x.astype(jnp.float32)
-    out = xf * cos[:, :, None, :] + rotate_half(xf) * sin[:, :, None, :]
+    rot = xf[..., :r] if r < x.shape[-1] else xf  # [B, T, n, r]
+    out = rot * cos[:, :, None, :] + rotate_half(rot) * sin[:, :, None, :]
+    if r < x.shape[-1]:  # partial rotary: the unrotated tail passes through unchanged
+        out = jnp.concatenate((out, xf[..., r:]), axis=-1)  # [B, T, n, d]
     return out.astype(x.dtype)
 
 
 class RotaryEmbedding(nnx.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layer_type: str = FULL):
         self.spec = spec  # static: frozen and hashable, so jit caches on it
+        self.layer_type = layer_type  # whose frequencies: full layers', or sliding layers' own (Gemma 3)
 
     def __call__(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """positions [B, T] int -> (cos, sin), each [B, T, d] float32."""
-        inv_freq = jnp.asarray(self.spec.inv_freq())  # [d/2] fp32
-        freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d/2]
-        angles = jnp.concatenate((freqs, freqs), axis=-1)  # [B, T, d]
+        """positions [B, T] int -> (cos, sin), each [B, T, rotary_dim] float32."""
+        inv_freq = jnp.asarray(self.spec.inv_freq(self.layer_type))  # [r/2] fp32
+        freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, r/2]
+        angles = jnp.concatenate((freqs, freqs), axis=-1)  # [B, T, r]
         return jnp.cos(angles), jnp.sin(angles)

@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_impl.kv_cache import DONATE_CACHE
-from jax_impl.model import causal_mask, default_positions
+from jax_impl.model import attention_masks, default_positions
 from jax_impl.vocab_parallel import DATA, MODEL
 from spec import ConfigError, ParamEntry, check_token_ids
 from spec.parallel import split_axis
@@ -75,7 +75,7 @@ def place_shards(pieces: list[np.ndarray], mesh: Mesh, pspec: P) -> jax.Array:
 def _sharded_logits(graphdef, state, ids, key_valid):
     model = nnx.merge(graphdef, state)
     t = ids.shape[1]
-    logits, _ = model.logits(ids, default_positions(key_valid, 0, t), causal_mask(key_valid, 0, t))
+    logits, _ = model.logits(ids, default_positions(key_valid, 0, t), attention_masks(model.spec, key_valid, 0, t))
     return logits
 
 

@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_impl.model import CausalLM, causal_mask, default_positions
+from jax_impl.model import CausalLM, attention_masks, default_positions
 from jax_impl.vocab_parallel import DATA, vocab_parallel_cross_entropy
 from spec import InputError, check_token_ids
 from spec.parallel import split_axis
@@ -74,7 +74,7 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, tp: int = 1) -> jax.Arra
 def _loss_of(graphdef, params, rest, ids, key_valid, labels):
     model = nnx.merge(graphdef, params, rest)
     t = ids.shape[1]
-    logits, _ = model.logits(ids, default_positions(key_valid, 0, t), causal_mask(key_valid, 0, t))
+    logits, _ = model.logits(ids, default_positions(key_valid, 0, t), attention_masks(model.spec, key_valid, 0, t))
     return cross_entropy(logits, labels, model.layout.tp)
 
 
@@ -171,7 +171,7 @@ def make_optimizer(model: CausalLM, config: AdamW) -> nnx.Optimizer:
 def _step(model: CausalLM, optimizer: nnx.Optimizer, ids, key_valid, labels):
     def loss_fn(model: CausalLM) -> jax.Array:
         t = ids.shape[1]
-        logits, _ = model.logits(ids, default_positions(key_valid, 0, t), causal_mask(key_valid, 0, t))
+        logits, _ = model.logits(ids, default_positions(key_valid, 0, t), attention_masks(model.spec, key_valid, 0, t))
         return cross_entropy(logits, labels)
 
     value, grads = nnx.value_and_grad(loss_fn)(model)

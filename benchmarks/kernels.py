@@ -8,12 +8,13 @@ device-to-device copy bandwidth measured in the same run and of the spec peak, f
     plain      the reference run op by op (eager torch, eager jax.numpy): the framework ops the kernel replaces
     compiled   the reference through torch.compile / jax.jit, which may fuse it as well
 
-Both ops are memory-bound, so bandwidth is the figure of merit. Where the sweep includes their shape (bf16,
+The ops are memory-bound, so bandwidth is the figure of merit. Where the sweep includes their shape (bf16,
 width 4096, >= 4096 tokens) it evaluates and prints the fused kernels' floors: >= 85% of the copy bandwidth,
 and >= 1.3x the plain ops. `--json PATH` writes every figure and the floors.
 
     python benchmarks/kernels.py                      # both frameworks, where each has a GPU; the full sweep
     python benchmarks/kernels.py --framework torch --tokens 1,4096 --widths 4096
+    python benchmarks/kernels.py --kernels add_rms_norm_gemma,gelu_tanh_and_mul      # issue 15's family kernels
     python benchmarks/kernels.py --tokens 4096,16384 --widths 4096 --json k.json   # what gpu_check.sh runs
 
 Without a GPU it says so and exits 0 (2 with --require-gpu): interpret-mode (CPU) timings would measure the
@@ -23,6 +24,7 @@ interpreter, not the kernels.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -53,6 +55,17 @@ SPEC_PEAK_GBPS = {
     "MI300X": 5300.0,
 }
 VARIANTS = ("fused", "plain", "compiled")
+# The ops measured: add_rms_norm with each family's options (kernels/*/rms_norm.py), and the gated activations
+# (kernels/*/swiglu.py), each named as kernels.triton / kernels.pallas export it.
+RMS_NORM_OPTIONS = {
+    "add_rms_norm": {},  # Qwen, Llama
+    "add_rms_norm_gemma": {"offset": 1.0, "float32_weight": True},  # Gemma 2/3 (OLMo 2: offset 0, same work)
+}
+GATED = ("silu_and_mul", "gelu_tanh_and_mul")
+KERNELS = (*RMS_NORM_OPTIONS, *GATED)
+# What runs without --kernels: the two ops every model uses, whose floors benchmarks/gpu_check.sh checks within its
+# time budget; the family variants (same memory traffic, a few more flops) on request.
+DEFAULT_KERNELS = ("add_rms_norm", "silu_and_mul")
 # The fused kernels' floors, and the shape they apply to: large enough that the op is bandwidth-bound.
 FLOOR_DTYPE, FLOOR_WIDTH, FLOOR_MIN_TOKENS = "bfloat16", 4096, 4096
 FLOOR_OF_COPY = 0.85  # fused bandwidth / device-to-device copy bandwidth
@@ -86,9 +99,9 @@ def _spec_peak(device_name: str, override: float | None) -> float | None:
 
 
 def _bytes_moved(kernel: str, tokens: int, width: int, itemsize: int) -> int:
-    if kernel == "add_rms_norm":  # read x, residual, weight; write out, new residual
+    if kernel in RMS_NORM_OPTIONS:  # read x, residual, weight; write out, new residual
         return (4 * tokens * width + width) * itemsize
-    return 3 * tokens * width * itemsize  # silu_and_mul: read [T, 2I], write [T, I]; width is I
+    return 3 * tokens * width * itemsize  # gated: read [T, 2I], write [T, I]; width is I
 
 
 def _record(seconds: dict[str, float], nbytes: int, copy_gbps: float, peak: float | None) -> dict[str, Any]:
@@ -163,22 +176,20 @@ def _median_seconds_jax(fn: Callable[[], object], warmup: int, samples: int, cal
 def _torch_cases(kernel: str, tokens: int, width: int, dtype, compiled: dict) -> dict[str, Callable[[], object]]:
     import torch
 
-    from kernels.triton import add_rms_norm, add_rms_norm_reference, silu_and_mul, silu_and_mul_reference
+    import kernels.triton as ops
 
-    if kernel == "add_rms_norm":
+    if kernel in RMS_NORM_OPTIONS:
+        options = RMS_NORM_OPTIONS[kernel]
         x, r = (torch.randn(tokens, width, device="cuda", dtype=dtype) for _ in range(2))  # [T, H] each
         w = torch.randn(width, device="cuda", dtype=dtype)
         return {
-            "fused": lambda: add_rms_norm(x, r, w, EPS),
-            "plain": lambda: add_rms_norm_reference(x, r, w, EPS),
+            "fused": lambda: ops.add_rms_norm(x, r, w, EPS, **options),
+            "plain": lambda: ops.add_rms_norm_reference(x, r, w, EPS, **options),
             "compiled": lambda: compiled[kernel](x, r, w, EPS),
         }
     x = torch.randn(tokens, 2 * width, device="cuda", dtype=dtype)  # [T, 2I]
-    return {
-        "fused": lambda: silu_and_mul(x),
-        "plain": lambda: silu_and_mul_reference(x),
-        "compiled": lambda: compiled[kernel](x),
-    }
+    fused, reference = getattr(ops, kernel), getattr(ops, f"{kernel}_reference")
+    return {"fused": lambda: fused(x), "plain": lambda: reference(x), "compiled": lambda: compiled[kernel](x)}
 
 
 def bench_torch(args: argparse.Namespace, out: dict[str, Any]) -> None:
@@ -192,7 +203,7 @@ def bench_torch(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
     import triton
 
-    from kernels.triton import add_rms_norm_reference, silu_and_mul_reference
+    import kernels.triton as ops
 
     dtype = getattr(torch, args.dtype)
     name = torch.cuda.get_device_name()
@@ -210,8 +221,8 @@ def bench_torch(args: argparse.Namespace, out: dict[str, Any]) -> None:
     limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 64))
     compiled = {
-        "add_rms_norm": torch.compile(add_rms_norm_reference),
-        "silu_and_mul": torch.compile(silu_and_mul_reference),
+        **{k: torch.compile(functools.partial(ops.add_rms_norm_reference, **o)) for k, o in RMS_NORM_OPTIONS.items()},
+        **{k: torch.compile(getattr(ops, f"{k}_reference")) for k in GATED},
     }
     with torch.inference_mode():
         for kernel in args.kernels:
@@ -238,10 +249,11 @@ def _jax_cases(kernel: str, tokens: int, width: int, dtype, device, jitted: dict
     import jax
     import jax.numpy as jnp
 
-    from kernels.pallas import add_rms_norm_reference, silu_and_mul_reference
+    import kernels.pallas as ops
 
     keys = jax.random.split(jax.random.key(0))
-    if kernel == "add_rms_norm":
+    if kernel in RMS_NORM_OPTIONS:
+        options = RMS_NORM_OPTIONS[kernel]
         x, r = (jax.device_put(jax.random.normal(k, (tokens, width), dtype), device) for k in keys)  # [T, H] each
         w = jax.device_put(jnp.ones(width, dtype), device)
         state = {"fused": jnp.copy(r), "compiled": jnp.copy(r)}  # donated buffers, apart from r
@@ -250,21 +262,22 @@ def _jax_cases(kernel: str, tokens: int, width: int, dtype, device, jitted: dict
             # The residual is donated and fed back, as a decoder would, so that input_output_aliases can
             # update it in place; without donation XLA must copy it first.
             def step() -> object:
-                out, state[label] = jitted[label](x, state[label], w)
+                out, state[label] = jitted[kernel, label](x, state[label], w)
                 return out
 
             return step
 
         return {
             "fused": chained("fused"),
-            "plain": lambda: add_rms_norm_reference(x, r, w, EPS),
+            "plain": lambda: ops.add_rms_norm_reference(x, r, w, EPS, **options),
             "compiled": chained("compiled"),
         }
     x = jax.device_put(jax.random.normal(keys[0], (tokens, 2 * width), dtype), device)  # [T, 2I]
+    reference = getattr(ops, f"{kernel}_reference")
     return {
-        "fused": lambda: jitted["silu_fused"](x),
-        "plain": lambda: silu_and_mul_reference(x),
-        "compiled": lambda: jitted["silu_compiled"](x),
+        "fused": lambda: jitted[kernel, "fused"](x),
+        "plain": lambda: reference(x),
+        "compiled": lambda: jitted[kernel, "compiled"](x),
     }
 
 
@@ -272,7 +285,7 @@ def bench_jax(args: argparse.Namespace, out: dict[str, Any]) -> None:
     import jax
     import jax.numpy as jnp
 
-    from kernels.pallas import add_rms_norm, add_rms_norm_reference, silu_and_mul, silu_and_mul_reference
+    import kernels.pallas as ops
 
     dtype = jnp.dtype(args.dtype)
     device = next(d for d in jax.devices() if d.platform in ("gpu", "cuda", "rocm"))
@@ -287,12 +300,14 @@ def bench_jax(args: argparse.Namespace, out: dict[str, Any]) -> None:
     out["versions"]["jax"] = jax.__version__
     out["copy_gbps"]["jax"] = copy_gbps
     out["spec_peak_gbps"]["jax"] = peak
-    jitted = {
-        "fused": jax.jit(lambda x, r, w: add_rms_norm(x, r, w, EPS), donate_argnums=1),
-        "compiled": jax.jit(lambda x, r, w: add_rms_norm_reference(x, r, w, EPS), donate_argnums=1),
-        "silu_fused": jax.jit(silu_and_mul),
-        "silu_compiled": jax.jit(silu_and_mul_reference),
-    }
+    jitted = {}  # (kernel, "fused" | "compiled") -> the jitted function
+    for kernel, options in RMS_NORM_OPTIONS.items():
+        for label, fn in (("fused", ops.add_rms_norm), ("compiled", ops.add_rms_norm_reference)):
+            bound = functools.partial(fn, eps=EPS, **options)
+            jitted[kernel, label] = jax.jit(lambda x, r, w, bound=bound: bound(x, r, w), donate_argnums=1)
+    for kernel in GATED:
+        jitted[kernel, "fused"] = jax.jit(getattr(ops, kernel))
+        jitted[kernel, "compiled"] = jax.jit(getattr(ops, f"{kernel}_reference"))
     for kernel in args.kernels:
         for width in args.widths:
             for tokens in args.tokens:
@@ -467,10 +482,20 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v]
 
 
+def _kernel_names(text: str) -> list[str]:
+    names = [v for v in text.split(",") if v]
+    unknown = [n for n in names if n not in KERNELS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown kernel(s) {unknown}; choose from {', '.join(KERNELS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--framework", choices=["torch", "jax", "both"], default="both")
-    parser.add_argument("--kernels", type=lambda s: s.split(","), default=["add_rms_norm", "silu_and_mul"])
+    parser.add_argument(
+        "--kernels", type=_kernel_names, default=list(DEFAULT_KERNELS), help=f"any of {', '.join(KERNELS)}"
+    )
     parser.add_argument("--tokens", type=_ints, default=[1, 16, 256, 4096, 32768])
     parser.add_argument("--widths", type=_ints, default=[1024, 2048, 4096, 8192])
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")

@@ -18,15 +18,26 @@ from typing import TYPE_CHECKING, Any
 import jax
 from jax import lax
 
-from kernels.pallas.reference import add_rms_norm_reference, silu_and_mul_reference
+from kernels.pallas.reference import add_rms_norm_reference, gelu_tanh_and_mul_reference, silu_and_mul_reference
 
 if TYPE_CHECKING:
     from kernels.pallas.rms_norm import add_rms_norm
-    from kernels.pallas.swiglu import silu_and_mul
+    from kernels.pallas.swiglu import gelu_tanh_and_mul, silu_and_mul
 
-__all__ = ["add_rms_norm", "add_rms_norm_reference", "silu_and_mul", "silu_and_mul_reference"]
+__all__ = [
+    "add_rms_norm",
+    "add_rms_norm_reference",
+    "gelu_tanh_and_mul",
+    "gelu_tanh_and_mul_reference",
+    "silu_and_mul",
+    "silu_and_mul_reference",
+]
 
-_LAZY = {"add_rms_norm": "kernels.pallas.rms_norm", "silu_and_mul": "kernels.pallas.swiglu"}
+_LAZY = {
+    "add_rms_norm": "kernels.pallas.rms_norm",
+    "silu_and_mul": "kernels.pallas.swiglu",
+    "gelu_tanh_and_mul": "kernels.pallas.swiglu",  # one gated kernel, the activation a static choice
+}
 
 
 def __getattr__(name: str) -> Any:

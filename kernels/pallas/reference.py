@@ -20,6 +20,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "add_rms_norm_reference",
     "check_add_rms_norm_args",
+    "check_norm_options",
     "check_silu_and_mul_args",
     "gelu_tanh_and_mul_reference",
     "silu_and_mul_reference",
@@ -54,6 +55,19 @@ def check_add_rms_norm_args(
         raise TypeError(f"{op}: weight has dtype {weight.dtype} but x has dtype {x.dtype}")
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (eps > 0 and math.isfinite(eps)):
         raise ValueError(f"{op}: eps must be a finite Python float > 0, got {eps!r}")
+
+
+def check_norm_options(offset: float, float32_weight: bool, *, op: str = "add_rms_norm") -> None:
+    """Raise a ValueError/TypeError naming the option if add_rms_norm's family options are not plain values.
+
+    The fused kernels take them as compile-time values: offset a finite real number (Gemma: 1.0), float32_weight
+    a bool. (add_rms_norm_reference itself does not call this: its contract is unchanged, any offset its
+    arithmetic accepts.)
+    """
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Real) or not math.isfinite(offset):
+        raise ValueError(f"{op}: offset must be a finite Python float, got {offset!r}")
+    if not isinstance(float32_weight, bool):
+        raise TypeError(f"{op}: float32_weight must be a bool, got {float32_weight!r}")
 
 
 def check_silu_and_mul_args(x: jax.Array, *, op: str = "silu_and_mul") -> None:

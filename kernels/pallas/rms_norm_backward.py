@@ -8,10 +8,14 @@ numerics contract of add_rms_norm", states it):
     d_s  = D(rstd * (dy - f32(s) * rstd^2 * c)), then D(f32(d_s) + f32(g_s)) with a residual
     d_w  = D(sum over rows of f32(D(f32(g) * f32(n))))
 
-with d_x = d_residual = d_s. The weight gradient is reduced without atomics: each program writes the float32
-partial sum of its fixed run of row blocks as one row of a [n_programs, H] buffer, and _sum_partials_kernel
-adds the rows in program order, then rounds once -- the same bits on every run and every device. The block
-configuration is the Triton twin's (tests/kernels/test_cross_kernels.py checks it).
+with d_x = d_residual = d_s. The family options: offset replaces w by D(offset + f32(w)) (d_w unchanged:
+d(offset + w)/dw = 1); float32_weight drops the two weight roundings, dy = f32(g) * (offset + f32(w)) and
+d_w = D(sum over rows of f32(g) * f32(s) * rstd), as the forward then multiplies in float32.
+
+The weight gradient is reduced without atomics: each program writes the float32 partial sum of its fixed run of
+row blocks as one row of a [n_programs, H] buffer, and _sum_partials_kernel adds the rows in program order, then
+rounds once -- the same bits on every run and every device. The block configuration is the Triton twin's
+(tests/kernels/test_cross_kernels.py checks it).
 
 Three layers: the Pallas kernels; _block_config/launch_backward (the pallas_calls); the jax.custom_vjp in
 rms_norm.py is the wrapper. Refs are whole arrays addressed with pl.ds and masks, as in the forward.
@@ -39,7 +43,15 @@ _SUM_BLOCK_COLS = 1024
 
 
 def _add_rms_norm_backward_kernel(
-    *refs, n_rows: int, n_cols: int, eps: float, block_rows: int, block_h: int, blocks_per_program: int
+    *refs,
+    n_rows: int,
+    n_cols: int,
+    eps: float,
+    offset: float,
+    float32_weight: bool,
+    block_rows: int,
+    block_h: int,
+    blocks_per_program: int,
 ) -> None:
     if len(refs) == 6:
         s_ref, weight_ref, d_out_ref, d_new_residual_ref, d_s_ref, partial_ref = refs
@@ -49,7 +61,10 @@ def _add_rms_norm_backward_kernel(
     pid = pl.program_id(0)
     cols = jnp.arange(block_h)
     col_ok = cols < n_cols
-    w = plgpu.load(weight_ref.at[pl.ds(0, block_h)], mask=col_ok, other=0.0).astype(jnp.float32)  # [BLOCK_H]
+    w = plgpu.load(weight_ref.at[pl.ds(0, block_h)], mask=col_ok, other=0.0)  # [BLOCK_H]
+    w = w.astype(jnp.float32) + jnp.float32(offset)  # offset + w
+    if not float32_weight:
+        w = w.astype(dtype).astype(jnp.float32)  # the forward's D(offset + w); exact for offset 0
 
     def one_block(block: jax.Array, dw: jax.Array) -> jax.Array:
         row0 = (pid * blocks_per_program + block) * block_rows
@@ -62,11 +77,16 @@ def _add_rms_norm_backward_kernel(
 
         variance = jnp.sum(s * s, axis=1, keepdims=True) / n_cols  # [BLOCK_ROWS, 1], the forward's expression
         rstd = lax.rsqrt(variance + eps)
-        n = (s * rstd).astype(dtype).astype(jnp.float32)  # the forward's n, bit for bit
-        # d_w: products rounded in D (as autograd's D multiply), summed in float32.
-        dw = dw + jnp.sum((g * n).astype(dtype).astype(jnp.float32), axis=0)
-
-        dy = (g * w[None, :]).astype(dtype).astype(jnp.float32)  # d n, rounded in D
+        x_hat = s * rstd  # [BLOCK_ROWS, BLOCK_H] float32
+        if float32_weight:
+            # The forward multiplied in float32 before its one rounding: no rounding in either product.
+            dw = dw + jnp.sum(g * x_hat, axis=0)
+            dy = g * w[None, :]  # d x_hat, float32
+        else:
+            n = x_hat.astype(dtype).astype(jnp.float32)  # the forward's n, bit for bit
+            # d_w: products rounded in D (as autograd's D multiply), summed in float32.
+            dw = dw + jnp.sum((g * n).astype(dtype).astype(jnp.float32), axis=0)
+            dy = (g * w[None, :]).astype(dtype).astype(jnp.float32)  # d n, rounded in D
         c = jnp.sum(dy * s, axis=1, keepdims=True) / n_cols  # [BLOCK_ROWS, 1]: the RMS's own gradient
         d_s = rstd * (dy - s * (rstd * rstd * c))
         if d_new_residual_ref is not None:
@@ -121,12 +141,15 @@ def launch_backward(
     d_new_residual: jax.Array | None,
     *,
     eps: float,
+    offset: float = 0.0,
+    float32_weight: bool = False,
     interpret: bool | None,
 ) -> tuple[jax.Array, jax.Array]:
     """(d_s, d_weight) of add_rms_norm from the normalized input s (the new residual, or x) and the cotangents.
 
     s, d_out, d_new_residual (None: no residual output): [..., H] in one dtype; weight: [H]. Returns d_s shaped
-    like s and d_weight [H], in s's dtype.
+    like s and d_weight [H], in s's dtype. offset, float32_weight: the forward's (the Triton twin's docstring
+    derives where each moves a rounding).
     """
     for name, t in (("d_out", d_out), ("d_new_residual", d_new_residual)):
         if t is not None and (t.shape != s.shape or t.dtype != s.dtype):
@@ -147,6 +170,8 @@ def launch_backward(
         n_rows=n_rows,
         n_cols=n_cols,
         eps=eps,
+        offset=offset,
+        float32_weight=float32_weight,
         block_rows=cfg["BLOCK_ROWS"],
         block_h=cfg["BLOCK_H"],
         blocks_per_program=cfg["blocks_per_program"],

@@ -1,11 +1,13 @@
-"""silu_and_mul's backward as a Pallas kernel (JAX). Twin of kernels/triton/swiglu_backward.py.
+"""The gated activations' backward (silu_and_mul, gelu_tanh_and_mul) as one Pallas kernel (JAX). Twin of
+kernels/triton/swiglu_backward.py.
 
 The same contract, for activation dtype D, everything in float32 and rounded once (the Triton twin's docstring
-says why it is PyTorch's autograd of the reference, product for product):
+says why it is PyTorch's autograd of the reference for silu, product for product, and what gelu_tanh changes),
+with act(x) = x * sigmoid(z(x)) (kernels/pallas/activations.py):
 
-    sig    = 1 / (1 + exp(-gate))
-    d_gate = D(((g * up) * sig) * (1 + gate * (1 - sig)))
-    d_up   = D(g * (gate / (1 + exp(-gate))))
+    sig    = 1 / (1 + exp(-z))
+    d_gate = D(((g * up) * sig) * (1 + gate * (1 - sig) * z'))     z' = 1 (silu) is never multiplied
+    d_up   = D(g * (gate / (1 + exp(-z))))
 
 written into one [..., 2I] gradient, gate half first. Three layers: the Pallas kernel; _block_config (the Triton
 twin's tiling) and launch_backward; the jax.custom_vjp in swiglu.py is the wrapper.
@@ -21,16 +23,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels.pallas import run_on_platform
+from kernels.pallas.activations import ACTIVATIONS, gate_logit, gate_logit_slope, gated_block_config
 
 __all__ = ["launch_backward"]
 
 # Same sizes as the Triton twin (see there for why).
-_MAX_BLOCK_COLS = 1024
 _ELEMENTS_PER_PROGRAM = 2048
 
 
-def _silu_and_mul_backward_kernel(
-    x_ref, d_out_ref, d_x_ref, *, n_rows: int, n_inter: int, block_rows: int, block_cols: int
+def _gated_and_mul_backward_kernel(
+    x_ref, d_out_ref, d_x_ref, *, activation: str, n_rows: int, n_inter: int, block_rows: int, block_cols: int
 ) -> None:
     row0 = pl.program_id(0) * block_rows
     col0 = pl.program_id(1) * block_cols
@@ -45,9 +47,12 @@ def _silu_and_mul_backward_kernel(
     g = plgpu.load(d_out_ref.at[row_window, pl.ds(col0, block_cols)], mask=mask, other=0.0).astype(jnp.float32)
     up = up.astype(jnp.float32)
 
-    denom = 1.0 + jnp.exp(-gate)
+    denom = 1.0 + jnp.exp(-gate_logit(gate, activation))
     sig = 1.0 / denom
-    d_gate = g * up * sig * (1.0 + gate * (1.0 - sig))  # left to right, as torch's silu_backward multiplies
+    slope = gate * (1.0 - sig)
+    if activation != "silu":
+        slope = slope * gate_logit_slope(gate)
+    d_gate = g * up * sig * (1.0 + slope)  # left to right, as torch's silu_backward multiplies
     d_up = g * (gate / denom)
 
     dtype = d_x_ref.dtype
@@ -55,23 +60,27 @@ def _silu_and_mul_backward_kernel(
     plgpu.store(d_x_ref.at[row_window, pl.ds(n_inter + col0, block_cols)], d_up.astype(dtype), mask=mask)
 
 
+# The name docs/tutorial.md's gradient table cites for SwiGLU: the same kernel (activation="silu").
+_silu_and_mul_backward_kernel = _gated_and_mul_backward_kernel
+
+
 def _block_config(n_inter: int) -> dict[str, int]:
     """Block sizes for a gradient half of width `n_inter` (= I); powers of two for the GPU lowering."""
-    if n_inter < 1:
-        raise ValueError(f"silu_and_mul backward: width must be >= 1, got {n_inter}")
-    block_cols = min(pl.next_power_of_2(n_inter), _MAX_BLOCK_COLS)
-    block_rows = max(1, _ELEMENTS_PER_PROGRAM // block_cols)
-    num_warps = min(max(block_rows * block_cols // 256, 1), 8)
-    return {"BLOCK_ROWS": block_rows, "BLOCK_COLS": block_cols, "num_warps": num_warps}
+    return gated_block_config(
+        n_inter, op="gated_and_mul backward", elements_per_program=_ELEMENTS_PER_PROGRAM, elements_per_warp=256
+    )
 
 
-def launch_backward(x: jax.Array, d_out: jax.Array, *, interpret: bool | None) -> jax.Array:
-    """d_x [..., 2I] (x's dtype) of silu_and_mul at x [..., 2I] for the cotangent d_out [..., I]."""
+def launch_backward(x: jax.Array, d_out: jax.Array, *, activation: str = "silu", interpret: bool | None) -> jax.Array:
+    """d_x [..., 2I] (x's dtype) of the gated op at x [..., 2I] for the cotangent d_out [..., I].
+
+    activation: "silu" (silu_and_mul) or "gelu_tanh" (gelu_tanh_and_mul).
+    """
+    op = ACTIVATIONS[activation]
     n_inter = x.shape[-1] // 2
     if d_out.shape != (*x.shape[:-1], n_inter) or d_out.dtype != x.dtype:
         raise ValueError(
-            f"silu_and_mul backward: d_out is {d_out.dtype}{tuple(d_out.shape)}, expected {x.dtype}"
-            f"{(*x.shape[:-1], n_inter)}"
+            f"{op} backward: d_out is {d_out.dtype}{tuple(d_out.shape)}, expected {x.dtype}{(*x.shape[:-1], n_inter)}"
         )
     x_rows = x.reshape(-1, 2 * n_inter)  # [rows, 2I]
     n_rows = x_rows.shape[0]
@@ -79,7 +88,8 @@ def launch_backward(x: jax.Array, d_out: jax.Array, *, interpret: bool | None) -
         return jnp.zeros(x.shape, x.dtype)
     cfg = _block_config(n_inter)
     kernel = functools.partial(
-        _silu_and_mul_backward_kernel,
+        _gated_and_mul_backward_kernel,
+        activation=activation,
         n_rows=n_rows,
         n_inter=n_inter,
         block_rows=cfg["BLOCK_ROWS"],
@@ -96,7 +106,7 @@ def launch_backward(x: jax.Array, d_out: jax.Array, *, interpret: bool | None) -
             input_output_aliases={0: 0},
             compiler_params=plgpu.CompilerParams(num_warps=cfg["num_warps"]),
             interpret=interpret_now,
-            name="silu_and_mul_backward",
+            name=f"{op}_backward",
         )
 
     d_out_rows = d_out.reshape(n_rows, n_inter)  # [rows, I]

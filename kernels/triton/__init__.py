@@ -5,8 +5,8 @@ The references are imported eagerly; the fused kernels lazily (module `__getattr
 
 Triton decides between compiling and interpreting when a kernel module is *imported* (`@triton.jit` reads
 TRITON_INTERPRET then), so on a machine without a GPU set TRITON_INTERPRET=1 before the first access to
-`kernels.triton.add_rms_norm` / `silu_and_mul`. Calling a kernel on CPU tensors without it raises an error
-that says so.
+`kernels.triton.add_rms_norm` / `silu_and_mul` / `gelu_tanh_and_mul`. Calling a kernel on CPU tensors without
+it raises an error that says so.
 """
 
 from __future__ import annotations
@@ -14,17 +14,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from kernels.triton.reference import add_rms_norm_reference, silu_and_mul_reference
+from kernels.triton.reference import add_rms_norm_reference, gelu_tanh_and_mul_reference, silu_and_mul_reference
 
 if TYPE_CHECKING:
     import torch
 
     from kernels.triton.rms_norm import add_rms_norm
-    from kernels.triton.swiglu import silu_and_mul
+    from kernels.triton.swiglu import gelu_tanh_and_mul, silu_and_mul
 
-__all__ = ["add_rms_norm", "add_rms_norm_reference", "silu_and_mul", "silu_and_mul_reference"]
+__all__ = [
+    "add_rms_norm",
+    "add_rms_norm_reference",
+    "gelu_tanh_and_mul",
+    "gelu_tanh_and_mul_reference",
+    "silu_and_mul",
+    "silu_and_mul_reference",
+]
 
-_LAZY = {"add_rms_norm": "kernels.triton.rms_norm", "silu_and_mul": "kernels.triton.swiglu"}
+_LAZY = {
+    "add_rms_norm": "kernels.triton.rms_norm",
+    "silu_and_mul": "kernels.triton.swiglu",
+    "gelu_tanh_and_mul": "kernels.triton.swiglu",  # one gated kernel, the activation a compile-time choice
+}
 
 # A whole row lives in one program's registers (add_rms_norm's reduction needs all of it, forward and
 # backward); past 64K elements that spills badly, so wider rows are refused rather than run slowly. Real

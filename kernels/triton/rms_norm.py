@@ -1,7 +1,8 @@
 """Fused residual add + RMSNorm as a Triton kernel (PyTorch). Twin of kernels/pallas/rms_norm.py.
 
 Contract and numerics: kernels/triton/reference.py::add_rms_norm_reference (docs/design.md, "The numerics contract
-of add_rms_norm"). Three layers, Liger-Kernel style:
+of add_rms_norm"), including the family options: offset (Gemma's weight applied as 1 + w) and float32_weight
+(Gemma's and OLMo 2's weight multiply in float32 before the one rounding). Three layers, Liger-Kernel style:
 
     _add_rms_norm_kernel   @triton.jit: one program normalizes BLOCK_ROWS whole rows held in registers
     _block_config/_launch  block sizes (a pure function of the row width), checks, the launch
@@ -21,7 +22,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels.triton import MAX_BLOCK_H, as_rows, check_launchable
-from kernels.triton.reference import check_add_rms_norm_args
+from kernels.triton.reference import check_add_rms_norm_args, check_norm_options
 from kernels.triton.rms_norm_backward import launch_backward
 from kernels.triton.rounding import round_to_dtype
 
@@ -44,7 +45,9 @@ def _add_rms_norm_kernel(
     x_row_stride,
     residual_row_stride,
     eps,
+    offset,
     HAS_RESIDUAL: tl.constexpr,
+    FLOAT32_WEIGHT: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
@@ -66,11 +69,17 @@ def _add_rms_norm_kernel(
         x = s.to(tl.float32)
 
     variance = tl.sum(x * x, axis=1) / n_cols  # [BLOCK_ROWS], true width, not BLOCK_H
-    normed = round_to_dtype(x * tl.rsqrt(variance + eps)[:, None], out_ptr.dtype.element_ty)
-    w = tl.load(weight_ptr + cols, mask=col_ok, other=0.0)  # [BLOCK_H]
-    # bf16*bf16 (and fp16*fp16) is exact in fp32, so one cast afterwards rounds exactly like torch's
-    # `weight * normed` in the activation dtype.
-    out = normed.to(tl.float32) * w.to(tl.float32)[None, :]
+    x_hat = x * tl.rsqrt(variance + eps)[:, None]  # [BLOCK_ROWS, BLOCK_H] float32
+    w = tl.load(weight_ptr + cols, mask=col_ok, other=0.0).to(tl.float32) + offset  # [BLOCK_H]: offset + w
+    if FLOAT32_WEIGHT:
+        # Gemma 2/3, OLMo 2: the weight multiply in float32, then the one rounding.
+        out = x_hat * w[None, :]
+    else:
+        # Qwen/Llama: round the normalized value, then multiply by offset + w in the activation dtype. The
+        # reference's `offset + weight` is itself a dtype op (rounded); w + 0.0 is exact. bf16*bf16 (and
+        # fp16*fp16) is exact in fp32, so one cast afterwards rounds exactly like torch's `w * normed` in D.
+        w = round_to_dtype(w, out_ptr.dtype.element_ty).to(tl.float32)
+        out = round_to_dtype(x_hat, out_ptr.dtype.element_ty).to(tl.float32) * w[None, :]
     tl.store(out_ptr + out_offsets, round_to_dtype(out, out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -91,7 +100,12 @@ def _block_config(n_cols: int) -> dict[str, int]:
 
 
 def _launch(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float = 0.0,
+    float32_weight: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the kernel on checked arguments; returns (out, new_residual or None), both shaped like x."""
     check_launchable("add_rms_norm", _add_rms_norm_kernel, x, residual, weight)
@@ -116,7 +130,9 @@ def _launch(
         x_rows.stride(0),
         residual_rows.stride(0),
         float(eps),
+        float(offset),  # a runtime fp32 scalar, as the reference's Python offset becomes in its fp32 math
         HAS_RESIDUAL=residual is not None,
+        FLOAT32_WEIGHT=bool(float32_weight),
         BLOCK_ROWS=cfg["BLOCK_ROWS"],
         BLOCK_H=cfg["BLOCK_H"],
         num_warps=cfg["num_warps"],
@@ -133,9 +149,9 @@ class _AddRMSNormFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, residual, weight, eps):
-        out, new_residual = _launch(x, residual, weight, eps)
-        ctx.eps = eps
+    def forward(ctx, x, residual, weight, eps, offset, float32_weight):
+        out, new_residual = _launch(x, residual, weight, eps, offset, float32_weight)
+        ctx.eps, ctx.offset, ctx.float32_weight = eps, offset, float32_weight
         ctx.set_materialize_grads(False)  # an unused output's cotangent arrives as None: nothing to read
         ctx.save_for_backward(x if new_residual is None else new_residual, weight)
         return out if new_residual is None else (out, new_residual)
@@ -147,23 +163,37 @@ class _AddRMSNormFunction(torch.autograd.Function):
         if d_out is None:  # only the new residual was used: s's gradient is g_s alone, the weight gets none
             d_s, d_weight = d_new_residual, None
         else:
-            d_s, d_weight = launch_backward(s, weight, d_out, d_new_residual, ctx.eps)
+            d_s, d_weight = launch_backward(
+                s, weight, d_out, d_new_residual, ctx.eps, offset=ctx.offset, float32_weight=ctx.float32_weight
+            )
         need_x, need_residual, need_weight = ctx.needs_input_grad[:3]
         # s = x + residual: both receive d_s itself (autograd adds into buffers out of place, never aliasing).
-        return d_s if need_x else None, d_s if need_residual else None, d_weight if need_weight else None, None
+        # d(offset + w)/dw = 1: the weight's gradient is that of offset + w.
+        d_weight = d_weight if need_weight else None
+        return d_s if need_x else None, d_s if need_residual else None, d_weight, None, None, None
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    offset: float = 0.0,
+    float32_weight: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fused `add_rms_norm_reference`: returns out, or (out, new_residual) when `residual` is given.
 
     x: [..., H] float32/bfloat16/float16; residual: like x or None; weight: [H], x's dtype; eps > 0.
+    offset: the weight is applied as offset + weight (Gemma: 1.0); float32_weight: the weight multiply in
+    float32 before the one rounding (Gemma 2/3, OLMo 2) instead of in the dtype after it (Qwen, Llama).
     Differentiable: under autograd the backward runs the fused backward kernels (see _AddRMSNormFunction).
     """
     check_add_rms_norm_args(x, residual, weight, eps)
+    check_norm_options(offset, float32_weight)
+    offset, float32_weight = float(offset), bool(float32_weight)
     tensors = (x, residual, weight)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return _AddRMSNormFunction.apply(x, residual, weight, eps)
-    out, new_residual = _launch(x, residual, weight, eps)
+        return _AddRMSNormFunction.apply(x, residual, weight, eps, offset, float32_weight)
+    out, new_residual = _launch(x, residual, weight, eps, offset, float32_weight)
     return out if new_residual is None else (out, new_residual)

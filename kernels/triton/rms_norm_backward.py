@@ -16,6 +16,16 @@ and d_x = d_residual = d_s (s = x + residual). These are the rounding points PyT
 unfused reference has, so a fused bf16 model trains like the unfused one; in float32 every rounding is
 the identity and only summation order differs.
 
+The family options (Gemma, OLMo 2) change only the weight's two lines. offset: the forward applies
+w' = D(offset + f32(w)) (a dtype add in the reference), so w' replaces w above; d(offset + w)/dw = 1, so d_w
+is d_w' unchanged. float32_weight: the forward is out = D(x_hat * (offset + f32(w))), x_hat = f32(s) * rstd
+unrounded, the multiply in float32 before the one cast, so autograd's products are float32 too:
+
+    dy   = f32(g) * (offset + f32(w))                  no rounding (replaces D(f32(g) * f32(w)))
+    d_w  = D(sum over rows of f32(g) * x_hat)          no per-row rounding (replaces the D(g * n) terms)
+
+and c, d_s as above from this dy.
+
 The weight gradient is a reduction over rows with no atomics, so it is the same bits on every run: each
 program of _add_rms_norm_backward_kernel handles a fixed, contiguous run of row blocks and writes its float32
 partial sum as one row of a [n_programs, H] buffer; _sum_partials_kernel then adds those rows in program order
@@ -59,8 +69,10 @@ def _add_rms_norm_backward_kernel(
     d_out_row_stride,
     d_new_residual_row_stride,
     eps,
+    offset,
     blocks_per_program,
     HAS_D_NEW_RESIDUAL: tl.constexpr,
+    FLOAT32_WEIGHT: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
@@ -68,7 +80,9 @@ def _add_rms_norm_backward_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_H)
     col_ok = cols < n_cols
-    w = tl.load(weight_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)  # [BLOCK_H]
+    w = tl.load(weight_ptr + cols, mask=col_ok, other=0.0).to(tl.float32) + offset  # [BLOCK_H]: offset + w
+    if not FLOAT32_WEIGHT:
+        w = round_to_dtype(w, dtype).to(tl.float32)  # the forward's D(offset + w); exact for offset 0
     dw = tl.zeros((BLOCK_H,), dtype=tl.float32)  # this program's partial sum over its rows
     for block in range(0, blocks_per_program):
         rows = (pid * blocks_per_program + block) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -80,11 +94,16 @@ def _add_rms_norm_backward_kernel(
         g = g.to(tl.float32)
 
         rstd = tl.rsqrt(tl.sum(s * s, axis=1) / n_cols + eps)  # [BLOCK_ROWS], the forward's expression
-        n = round_to_dtype(s * rstd[:, None], dtype).to(tl.float32)  # the forward's n, bit for bit
-        # d_w: products rounded in D (as autograd's D multiply), summed in float32.
-        dw += tl.sum(round_to_dtype(g * n, dtype).to(tl.float32), axis=0)
-
-        dy = round_to_dtype(g * w[None, :], dtype).to(tl.float32)  # d n, rounded in D
+        x_hat = s * rstd[:, None]  # [BLOCK_ROWS, BLOCK_H] float32
+        if FLOAT32_WEIGHT:
+            # The forward multiplied in float32 before its one rounding: no rounding in either product.
+            dw += tl.sum(g * x_hat, axis=0)
+            dy = g * w[None, :]  # d x_hat, float32
+        else:
+            n = round_to_dtype(x_hat, dtype).to(tl.float32)  # the forward's n, bit for bit
+            # d_w: products rounded in D (as autograd's D multiply), summed in float32.
+            dw += tl.sum(round_to_dtype(g * n, dtype).to(tl.float32), axis=0)
+            dy = round_to_dtype(g * w[None, :], dtype).to(tl.float32)  # d n, rounded in D
         c = tl.sum(dy * s, axis=1) / n_cols  # [BLOCK_ROWS]: mean(dy * s), the RMS's own gradient
         d_s = rstd[:, None] * (dy - s * (rstd * rstd * c)[:, None])
         if HAS_D_NEW_RESIDUAL:
@@ -127,11 +146,19 @@ def _block_config(n_rows: int, n_cols: int) -> dict[str, int]:
 
 
 def launch_backward(
-    s: torch.Tensor, weight: torch.Tensor, d_out: torch.Tensor, d_new_residual: torch.Tensor | None, eps: float
+    s: torch.Tensor,
+    weight: torch.Tensor,
+    d_out: torch.Tensor,
+    d_new_residual: torch.Tensor | None,
+    eps: float,
+    *,
+    offset: float = 0.0,
+    float32_weight: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(d_s, d_weight) of add_rms_norm, from the normalized input s (the new residual, or x) and the cotangents.
 
     s, d_out: [..., H]; weight: [H]; d_new_residual: like s, or None (no residual, or the new residual unused).
+    offset, float32_weight: the forward's (see the module docstring for where each moves a rounding).
     Returns d_s shaped like s (contiguous) and d_weight [H], both in s's dtype.
     """
     for name, t in (("d_out", d_out), ("d_new_residual", d_new_residual)):
@@ -163,8 +190,10 @@ def launch_backward(
         d_out_rows.stride(0),
         g_s_rows.stride(0),
         float(eps),
+        float(offset),
         cfg["blocks_per_program"],
         HAS_D_NEW_RESIDUAL=d_new_residual is not None,
+        FLOAT32_WEIGHT=bool(float32_weight),
         BLOCK_ROWS=cfg["BLOCK_ROWS"],
         BLOCK_H=cfg["BLOCK_H"],
         num_warps=cfg["num_warps"],

@@ -1,12 +1,16 @@
-"""SwiGLU's activation, silu(gate) * up on a merged [..., 2I] input, as a Triton kernel (PyTorch).
-Twin of kernels/pallas/swiglu.py.
+"""The gated MLP activations, act(gate) * up on a merged [..., 2I] input, as one Triton kernel (PyTorch): SwiGLU's
+silu (`silu_and_mul`) and GeGLU's tanh-approximated GELU (`gelu_tanh_and_mul`, Gemma). Twin of
+kernels/pallas/swiglu.py; the module keeps SwiGLU's name, which parity/environment.py and the docs cite.
 
-Contract and numerics: kernels/triton/reference.py::silu_and_mul_reference (gate is the first half, up the
-second; computed in fp32, cast to the activation dtype once). Three layers, Liger-Kernel style:
+Contracts and numerics: kernels/triton/reference.py::silu_and_mul_reference / gelu_tanh_and_mul_reference (gate
+is the first half, up the second; computed in fp32, cast to the activation dtype once). The activation is a
+compile-time choice of one kernel (kernels/triton/activations.py: both are gate * sigmoid(z(gate))). Three
+layers, Liger-Kernel style:
 
-    _silu_and_mul_kernel   @triton.jit: one program computes a [BLOCK_ROWS, BLOCK_COLS] tile of the output
-    _block_config/_launch  block sizes (a pure function of I), checks, the launch
-    silu_and_mul           the public entry point; autograd-aware (backward: kernels/triton/swiglu_backward.py)
+    _gated_and_mul_kernel   @triton.jit: one program computes a [BLOCK_ROWS, BLOCK_COLS] tile of the output
+    _block_config/_launch   block sizes (a pure function of I), checks, the launch
+    silu_and_mul, gelu_tanh_and_mul
+                            the public entry points; autograd-aware (backward: kernels/triton/swiglu_backward.py)
 
 Elementwise, so the columns are tiled too: any I works, with no cap on the width.
 Inputs may be row-strided views (no copy); a non-unit stride along the last dim is copied first.
@@ -20,23 +24,24 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels.triton import as_rows, check_launchable
+from kernels.triton.activations import ACTIVATIONS, gate_logit, gated_block_config
 from kernels.triton.reference import check_silu_and_mul_args
 from kernels.triton.rounding import round_to_dtype
 from kernels.triton.swiglu_backward import launch_backward
 
-__all__ = ["silu_and_mul"]
+__all__ = ["gelu_tanh_and_mul", "silu_and_mul"]
 
-_MAX_BLOCK_COLS = 1024
 _ELEMENTS_PER_PROGRAM = 4096
 
 
 @triton.jit
-def _silu_and_mul_kernel(
+def _gated_and_mul_kernel(
     x_ptr,
     out_ptr,
     n_rows,
     n_inter,
     x_row_stride,
+    ACTIVATION: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
 ):
@@ -48,8 +53,8 @@ def _silu_and_mul_kernel(
     gate_ptrs = x_ptr + rows[:, None] * x_row_stride + cols[None, :]
     gate = tl.load(gate_ptrs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gate_ptrs + n_inter, mask=mask, other=0.0).to(tl.float32)  # up starts I columns later
-    # x / (1 + exp(-x)) is the formula torch's silu uses; sigmoid(x) * x would round differently.
-    out = gate / (1.0 + tl.exp(-gate)) * up
+    # x / (1 + exp(-z)): for silu (z = x) the formula torch's silu uses; sigmoid(x) * x would round differently.
+    out = gate / (1.0 + tl.exp(-gate_logit(gate, ACTIVATION))) * up
     tl.store(
         out_ptr + rows[:, None] * n_inter + cols[None, :], round_to_dtype(out, out_ptr.dtype.element_ty), mask=mask
     )
@@ -57,17 +62,14 @@ def _silu_and_mul_kernel(
 
 def _block_config(n_inter: int) -> dict[str, int]:
     """Block sizes for an output row of width `n_inter` (= I); powers of two for tl.arange."""
-    if n_inter < 1:
-        raise ValueError(f"silu_and_mul: output width must be >= 1, got {n_inter}")
-    block_cols = min(triton.next_power_of_2(n_inter), _MAX_BLOCK_COLS)
-    block_rows = _ELEMENTS_PER_PROGRAM // block_cols
-    num_warps = min(max(block_rows * block_cols // 512, 1), 8)
-    return {"BLOCK_ROWS": block_rows, "BLOCK_COLS": block_cols, "num_warps": num_warps}
+    return gated_block_config(
+        n_inter, op="gated_and_mul", elements_per_program=_ELEMENTS_PER_PROGRAM, elements_per_warp=512
+    )
 
 
-def _launch(x: torch.Tensor) -> torch.Tensor:
+def _launch(x: torch.Tensor, activation: str) -> torch.Tensor:
     """Run the kernel on a checked x [..., 2I]; returns a new contiguous [..., I] tensor."""
-    check_launchable("silu_and_mul", _silu_and_mul_kernel, x)
+    check_launchable(ACTIVATIONS[activation], _gated_and_mul_kernel, x)
     n_inter = x.shape[-1] // 2
     out = torch.empty((*x.shape[:-1], n_inter), dtype=x.dtype, device=x.device)  # [..., I]
     if out.numel() == 0:
@@ -76,12 +78,13 @@ def _launch(x: torch.Tensor) -> torch.Tensor:
     n_rows = x_rows.shape[0]
     cfg = _block_config(n_inter)
     grid = (triton.cdiv(n_rows, cfg["BLOCK_ROWS"]), triton.cdiv(n_inter, cfg["BLOCK_COLS"]))
-    _silu_and_mul_kernel[grid](
+    _gated_and_mul_kernel[grid](
         x_rows,
         out,
         n_rows,
         n_inter,
         x_rows.stride(0),
+        ACTIVATION=activation,
         BLOCK_ROWS=cfg["BLOCK_ROWS"],
         BLOCK_COLS=cfg["BLOCK_COLS"],
         num_warps=cfg["num_warps"],
@@ -90,27 +93,40 @@ def _launch(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class _SiluAndMulFunction(torch.autograd.Function):
+class _GatedAndMulFunction(torch.autograd.Function):
     """Forward: the fused kernel. Backward: the fused backward kernel (kernels/triton/swiglu_backward.py)."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, activation):
         ctx.save_for_backward(x)
-        return _launch(x)
+        ctx.activation = activation
+        return _launch(x, activation)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         (x,) = ctx.saved_tensors
-        return launch_backward(x, grad_out)
+        return launch_backward(x, grad_out, activation=ctx.activation), None
+
+
+def _gated_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
+    check_silu_and_mul_args(x, op=ACTIVATIONS[activation])
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _GatedAndMulFunction.apply(x, activation)
+    return _launch(x, activation)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """Fused `silu_and_mul_reference`: x [..., 2I] (gate first) -> [..., I] in x's dtype.
+    """Fused `silu_and_mul_reference` (SwiGLU): x [..., 2I] (gate first) -> [..., I] in x's dtype.
 
-    Differentiable: under autograd the backward runs the fused backward kernel (see _SiluAndMulFunction).
+    Differentiable: under autograd the backward runs the fused backward kernel (see _GatedAndMulFunction).
     """
-    check_silu_and_mul_args(x)
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _SiluAndMulFunction.apply(x)
-    return _launch(x)
+    return _gated_and_mul(x, "silu")
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """Fused `gelu_tanh_and_mul_reference` (GeGLU, Gemma): x [..., 2I] (gate first) -> [..., I] in x's dtype.
+
+    Differentiable: under autograd the backward runs the fused backward kernel (see _GatedAndMulFunction).
+    """
+    return _gated_and_mul(x, "gelu_tanh")

@@ -1,18 +1,23 @@
-"""silu_and_mul's backward as a Triton kernel (PyTorch). Twin of kernels/pallas/swiglu_backward.py.
+"""The gated activations' backward (silu_and_mul, gelu_tanh_and_mul) as one Triton kernel (PyTorch). Twin of
+kernels/pallas/swiglu_backward.py.
 
-The forward (kernels/triton/swiglu.py) returns out = D(silu(f32(gate)) * f32(up)) on x = [gate | up]. Given the
-cotangent g of out, this computes, for activation dtype D, everything in float32 and rounded once:
+The forward (kernels/triton/swiglu.py) returns out = D(act(f32(gate)) * f32(up)) on x = [gate | up], with
+act(x) = x * sigmoid(z(x)) (kernels/triton/activations.py: z = x for silu, 2 sqrt(2/pi) (x + 0.044715 x^3) for
+gelu_tanh). Given the cotangent g of out, this computes, for activation dtype D, everything in float32 and
+rounded once:
 
-    sig    = 1 / (1 + exp(-gate))
-    d_gate = D(((g * up) * sig) * (1 + gate * (1 - sig)))    silu'(gate) = sig * (1 + gate * (1 - sig))
-    d_up   = D(g * (gate / (1 + exp(-gate))))               silu(gate), the forward's formula
+    sig    = 1 / (1 + exp(-z))
+    d_gate = D(((g * up) * sig) * (1 + gate * (1 - sig) * z'))    act'(x) = sig * (1 + x * (1 - sig) * z'(x))
+    d_up   = D(g * (gate / (1 + exp(-z))))                       act(gate), the forward's formula
 
-written into one [..., 2I] gradient, gate half first, like x. This is PyTorch's autograd of the reference
-(mul's backward, then silu's backward `dy * sig * (1 + x * (1 - sig))`, then one cast of the float32 input
-gradient to D), product for product; only exp's last bits (numpy, CUDA, XLA, torch) differ.
+written into one [..., 2I] gradient, gate half first, like x. For silu (z' = 1, never multiplied) this is
+PyTorch's autograd of the reference (mul's backward, then silu's backward `dy * sig * (1 + x * (1 - sig))`,
+then one cast of the float32 input gradient to D), product for product; only exp's last bits (numpy, CUDA,
+XLA, torch) differ. For gelu_tanh it is torch's GeluBackward (tanh) without its 1 + tanh / 1 - tanh^2
+cancellation (activations.py says why).
 
-Three layers, as in the forward: the @triton.jit kernel; _block_config (the forward's tiling) and
-launch_backward; the torch.autograd.Function in swiglu.py is the wrapper.
+Three layers, as in the forward: the @triton.jit kernel; _block_config and launch_backward; the
+torch.autograd.Function in swiglu.py is the wrapper.
 """
 
 from __future__ import annotations
@@ -22,17 +27,17 @@ import triton
 import triton.language as tl
 
 from kernels.triton import as_rows, check_launchable
+from kernels.triton.activations import ACTIVATIONS, gate_logit, gate_logit_slope, gated_block_config
 from kernels.triton.rounding import round_to_dtype
 
 __all__ = ["launch_backward"]
 
-_MAX_BLOCK_COLS = 1024
 # Four row tiles (gate, up, g and a result) live at once, against the forward's three: half the rows.
 _ELEMENTS_PER_PROGRAM = 2048
 
 
 @triton.jit
-def _silu_and_mul_backward_kernel(
+def _gated_and_mul_backward_kernel(
     x_ptr,
     d_out_ptr,
     d_x_ptr,
@@ -40,6 +45,7 @@ def _silu_and_mul_backward_kernel(
     n_inter,
     x_row_stride,
     d_out_row_stride,
+    ACTIVATION: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
 ):
@@ -54,9 +60,12 @@ def _silu_and_mul_backward_kernel(
     up = tl.load(gate_ptrs + n_inter, mask=mask, other=0.0).to(tl.float32)  # up starts I columns later
     g = tl.load(d_out_ptr + rows[:, None] * d_out_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
 
-    denom = 1.0 + tl.exp(-gate)
+    denom = 1.0 + tl.exp(-gate_logit(gate, ACTIVATION))
     sig = 1.0 / denom
-    d_gate = g * up * sig * (1.0 + gate * (1.0 - sig))  # left to right, as torch's silu_backward multiplies
+    slope = gate * (1.0 - sig)
+    if ACTIVATION != "silu":
+        slope = slope * gate_logit_slope(gate)
+    d_gate = g * up * sig * (1.0 + slope)  # left to right, as torch's silu_backward multiplies
     d_up = g * (gate / denom)
 
     d_gate_ptrs = d_x_ptr + rows[:, None] * (2 * n_inter) + cols[None, :]  # d_x is contiguous [rows, 2I]
@@ -64,25 +73,29 @@ def _silu_and_mul_backward_kernel(
     tl.store(d_gate_ptrs + n_inter, round_to_dtype(d_up, dtype), mask=mask)
 
 
+# The name docs/tutorial.md's gradient table cites for SwiGLU: the same kernel (ACTIVATION="silu").
+_silu_and_mul_backward_kernel = _gated_and_mul_backward_kernel
+
+
 def _block_config(n_inter: int) -> dict[str, int]:
     """Block sizes for a gradient half of width `n_inter` (= I); powers of two for tl.arange."""
-    if n_inter < 1:
-        raise ValueError(f"silu_and_mul backward: width must be >= 1, got {n_inter}")
-    block_cols = min(triton.next_power_of_2(n_inter), _MAX_BLOCK_COLS)
-    block_rows = max(1, _ELEMENTS_PER_PROGRAM // block_cols)
-    num_warps = min(max(block_rows * block_cols // 256, 1), 8)
-    return {"BLOCK_ROWS": block_rows, "BLOCK_COLS": block_cols, "num_warps": num_warps}
+    return gated_block_config(
+        n_inter, op="gated_and_mul backward", elements_per_program=_ELEMENTS_PER_PROGRAM, elements_per_warp=256
+    )
 
 
-def launch_backward(x: torch.Tensor, d_out: torch.Tensor) -> torch.Tensor:
-    """d_x [..., 2I] (contiguous, x's dtype) of silu_and_mul at x [..., 2I] for the cotangent d_out [..., I]."""
+def launch_backward(x: torch.Tensor, d_out: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """d_x [..., 2I] (contiguous, x's dtype) of the gated op at x [..., 2I] for the cotangent d_out [..., I].
+
+    activation: "silu" (silu_and_mul) or "gelu_tanh" (gelu_tanh_and_mul).
+    """
+    op = f"{ACTIVATIONS[activation]} backward"
     n_inter = x.shape[-1] // 2
     if d_out.shape != (*x.shape[:-1], n_inter) or d_out.dtype != x.dtype:
         raise ValueError(
-            f"silu_and_mul backward: d_out is {d_out.dtype}{tuple(d_out.shape)}, expected {x.dtype}"
-            f"{(*x.shape[:-1], n_inter)}"
+            f"{op}: d_out is {d_out.dtype}{tuple(d_out.shape)}, expected {x.dtype}{(*x.shape[:-1], n_inter)}"
         )
-    check_launchable("silu_and_mul backward", _silu_and_mul_backward_kernel, x, d_out)
+    check_launchable(op, _gated_and_mul_backward_kernel, x, d_out)
     d_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # [..., 2I]
     if d_x.numel() == 0:
         return d_x
@@ -90,7 +103,7 @@ def launch_backward(x: torch.Tensor, d_out: torch.Tensor) -> torch.Tensor:
     n_rows = x_rows.shape[0]
     cfg = _block_config(n_inter)
     grid = (triton.cdiv(n_rows, cfg["BLOCK_ROWS"]), triton.cdiv(n_inter, cfg["BLOCK_COLS"]))
-    _silu_and_mul_backward_kernel[grid](
+    _gated_and_mul_backward_kernel[grid](
         x_rows,
         d_out_rows,
         d_x,
@@ -98,6 +111,7 @@ def launch_backward(x: torch.Tensor, d_out: torch.Tensor) -> torch.Tensor:
         n_inter,
         x_rows.stride(0),
         d_out_rows.stride(0),
+        ACTIVATION=activation,
         BLOCK_ROWS=cfg["BLOCK_ROWS"],
         BLOCK_COLS=cfg["BLOCK_COLS"],
         num_warps=cfg["num_warps"],

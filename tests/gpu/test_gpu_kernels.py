@@ -4,7 +4,8 @@ The CPU suite (tests/kernels) runs the same kernel source in interpret mode; the
 actually compiles: Triton's code generation and Pallas' Triton lowering, the GPU's exp and rsqrt, the real
 block sizes and grids of thousands of programs. Shapes: one row (a decode step) and 4099 rows (many programs
 and a ragged last block) at widths 1, 1000 (no power of two, nor a multiple of 16), 4096 and 9728 (real model
-widths), with and without the residual. Bounds: tests/kernels/tolerances.py, the table the CPU tests apply.
+widths), with and without the residual. Issue 15's family kernels (add_rms_norm with Gemma's and OLMo 2's options,
+gelu_tanh_and_mul) on the same shapes. Bounds: tests/kernels/tolerances.py, the table the CPU tests apply.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from tests.kernels.gradients import gelu_tanh_and_mul_term_scale
 from tests.kernels.tolerances import assert_within_tolerance, sample_inputs
 
 pytestmark = pytest.mark.gpu
@@ -25,6 +27,19 @@ ROWS = (1, 4099)  # each prefix of the same data, against the same reference row
 NO_RESIDUAL_ROWS = 5
 EPS = 1e-6
 NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+# add_rms_norm's family options (name, offset, float32_weight) and the bound each is held to.
+FAMILIES = [("gemma", 1.0, True), ("olmo2", 0.0, True), ("offset_only", 1.0, False)]
+FAMILY_WIDTHS = (1000, 9728)
+
+
+def _family_quantity(float32_weight: bool) -> str:
+    return "add_rms_norm_float32_weight" if float32_weight else "add_rms_norm"
+
+
+def _family_inputs(width: int, offset: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """As _inputs, with the weight as a checkpoint of the family stores it (around 0 when applied as 1 + w)."""
+    x, residual, weight = _inputs(width)
+    return x, residual, weight - np.float32(offset)
 
 
 def _inputs(width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,6 +103,39 @@ def test_triton_silu_and_mul(triton_compiled: None, dtype: str, width: int) -> N
         assert_within_tolerance(_host(out), want[:n], "silu_and_mul", dtype, f"triton [{n}, {width}]")
 
 
+@pytest.mark.parametrize(("family", "offset", "float32_weight"), FAMILIES)
+@pytest.mark.parametrize("width", FAMILY_WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_add_rms_norm_family(
+    triton_compiled: None, dtype: str, width: int, family: str, offset: float, float32_weight: bool
+) -> None:
+    from kernels.triton import add_rms_norm, add_rms_norm_reference
+
+    options = {"offset": offset, "float32_weight": float32_weight}
+    x, residual, weight = (_cuda(a, dtype) for a in _family_inputs(width, offset))
+    want_out, want_residual = (_host(t) for t in add_rms_norm_reference(x, residual, weight, EPS, **options))
+    quantity = _family_quantity(float32_weight)
+    for n in ROWS:
+        out, new_residual = add_rms_norm(x[:n], residual[:n], weight, EPS, **options)
+        assert_within_tolerance(_host(out), want_out[:n], quantity, dtype, f"triton {family} [{n}, {width}]")
+        assert_within_tolerance(_host(new_residual), want_residual[:n], "new_residual", dtype, f"triton {family}")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_gelu_tanh_and_mul(triton_compiled: None, dtype: str, width: int) -> None:
+    from kernels.triton import gelu_tanh_and_mul, gelu_tanh_and_mul_reference
+
+    data = sample_inputs((ROWS[-1], 2 * width), 3, "gate_up")  # [rows, 2I], gate first
+    gate_up, scale = _cuda(data, dtype), gelu_tanh_and_mul_term_scale(data, dtype)
+    want = _host(gelu_tanh_and_mul_reference(gate_up))
+    for n in ROWS:
+        out = gelu_tanh_and_mul(gate_up[:n])
+        assert out.is_cuda and out.dtype == gate_up.dtype and out.shape == (n, width)
+        what = f"triton [{n}, {width}]"
+        assert_within_tolerance(_host(out), want[:n], "gelu_tanh_and_mul", dtype, what, scale[:n])
+
+
 # ---- Pallas (JAX) ---------------------------------------------------------------------------------------------
 def _on(device: Any, a: np.ndarray, dtype: str) -> Any:
     import jax
@@ -134,6 +182,47 @@ def test_pallas_silu_and_mul(jax_gpu: Any, dtype: str, width: int) -> None:
         assert_within_tolerance(_np(out), want[:n], "silu_and_mul", dtype, f"pallas [{n}, {width}]")
 
 
+@pytest.mark.parametrize(("family", "offset", "float32_weight"), FAMILIES)
+@pytest.mark.parametrize("width", FAMILY_WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pallas_add_rms_norm_family(
+    jax_gpu: Any, dtype: str, width: int, family: str, offset: float, float32_weight: bool
+) -> None:
+    import functools
+
+    import jax
+
+    from kernels.pallas import add_rms_norm, add_rms_norm_reference
+
+    options = {"offset": offset, "float32_weight": float32_weight}
+    reference = jax.jit(functools.partial(add_rms_norm_reference, **options), static_argnums=3)
+    x, residual, weight = (_on(jax_gpu, a, dtype) for a in _family_inputs(width, offset))
+    want_out, want_residual = (_np(a) for a in reference(x, residual, weight, EPS))
+    quantity = _family_quantity(float32_weight)
+    for n in ROWS:
+        out, new_residual = add_rms_norm(x[:n], residual[:n], weight, EPS, **options, interpret=False)
+        assert out.devices() == {jax_gpu}
+        assert_within_tolerance(_np(out), want_out[:n], quantity, dtype, f"pallas {family} [{n}, {width}]")
+        assert_within_tolerance(_np(new_residual), want_residual[:n], "new_residual", dtype, f"pallas {family}")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pallas_gelu_tanh_and_mul(jax_gpu: Any, dtype: str, width: int) -> None:
+    import jax
+
+    from kernels.pallas import gelu_tanh_and_mul, gelu_tanh_and_mul_reference
+
+    data = sample_inputs((ROWS[-1], 2 * width), 3, "gate_up")  # [rows, 2I], gate first
+    gate_up, scale = _on(jax_gpu, data, dtype), gelu_tanh_and_mul_term_scale(data, dtype)
+    want = _np(jax.jit(gelu_tanh_and_mul_reference)(gate_up))
+    for n in ROWS:
+        out = gelu_tanh_and_mul(gate_up[:n], interpret=False)
+        assert out.devices() == {jax_gpu} and out.dtype == gate_up.dtype and out.shape == (n, width)
+        what = f"pallas [{n}, {width}]"
+        assert_within_tolerance(_np(out), want[:n], "gelu_tanh_and_mul", dtype, what, scale[:n])
+
+
 def test_pallas_add_rms_norm_inside_jit_compiles_for_the_gpu(jax_gpu: Any) -> None:
     """Under jax.jit (as jax_impl calls it) the platform decides at lowering time: compiled on the GPU."""
     import jax
@@ -167,3 +256,21 @@ def test_triton_and_pallas_agree_on_the_gpu(triton_compiled: None, jax_gpu: Any,
     triton_act = _host(triton_silu_and_mul(_cuda(gate_up, dtype)))
     pallas_act = _np(pallas_silu_and_mul(_on(jax_gpu, gate_up, dtype), interpret=False))
     assert_within_tolerance(triton_act, pallas_act, "silu_and_mul", dtype, "triton vs pallas")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_and_pallas_family_kernels_agree_on_the_gpu(triton_compiled: None, jax_gpu: Any, dtype: str) -> None:
+    """Gemma's add_rms_norm and GeGLU, compiled in both frameworks on the same data."""
+    import kernels.pallas as pallas
+    import kernels.triton as triton
+
+    arrays, options = _family_inputs(4096, 1.0), {"offset": 1.0, "float32_weight": True}
+    triton_out = triton.add_rms_norm(*(_cuda(a, dtype) for a in arrays), EPS, **options)
+    pallas_out = pallas.add_rms_norm(*(_on(jax_gpu, a, dtype) for a in arrays), EPS, **options, interpret=False)
+    for t, p, quantity in zip(triton_out, pallas_out, ("add_rms_norm_float32_weight", "new_residual"), strict=True):
+        assert_within_tolerance(_host(t), _np(p), quantity, dtype, "gemma: triton vs pallas")
+    gate_up = sample_inputs((ROWS[-1], 2 * 4096), 3, "gate_up")
+    triton_act = _host(triton.gelu_tanh_and_mul(_cuda(gate_up, dtype)))
+    pallas_act = _np(pallas.gelu_tanh_and_mul(_on(jax_gpu, gate_up, dtype), interpret=False))
+    scale = gelu_tanh_and_mul_term_scale(gate_up, dtype)
+    assert_within_tolerance(triton_act, pallas_act, "gelu_tanh_and_mul", dtype, "triton vs pallas", scale)

@@ -70,6 +70,29 @@ class Framework:
     def silu_and_mul(self) -> Callable:
         return self.ops.silu_and_mul
 
+    def gated(self, activation: str, fused: bool = True) -> Callable:
+        """The gated op of `activation` ("silu" | "gelu_tanh"): fused, or its reference (jitted in JAX)."""
+        name = {"silu": "silu_and_mul", "gelu_tanh": "gelu_tanh_and_mul"}[activation]
+        return getattr(self.ops, name) if fused else self._jitted(f"{name}_reference")
+
+    def add_rms_norm_reference_with(self, offset: float = 0.0, float32_weight: bool = False) -> Callable:
+        """add_rms_norm_reference with the family options bound (jitted in JAX, one compile per option set)."""
+        key = ("add_rms_norm_reference", offset, float32_weight)
+        if key not in self._cache:
+            fn = functools.partial(self.ops.add_rms_norm_reference, offset=offset, float32_weight=float32_weight)
+            self._cache[key] = self.jit(fn, static_argnums=3)  # eps is a Python float
+        return self._cache[key]
+
+    @functools.cached_property
+    def _cache(self) -> dict:
+        """Jitted functions by (name, options...): built once per framework and option set."""
+        return {}
+
+    def _jitted(self, name: str) -> Callable:
+        if name not in self._cache:
+            self._cache[name] = self.jit(getattr(self.ops, name))
+        return self._cache[name]
+
     @functools.cached_property
     def add_rms_norm_reference(self) -> Callable:
         return self.jit(self.ops.add_rms_norm_reference, static_argnums=3)  # eps is a Python float
@@ -78,11 +101,30 @@ class Framework:
     def silu_and_mul_reference(self) -> Callable:
         return self.jit(self.ops.silu_and_mul_reference)
 
-    def add_rms_norm_grads(self, fused: bool, x: Any, residual: Any, weight: Any, d_out: Any, d_new_residual: Any):
-        """(d_x, d_residual or None, d_weight) of the fused op (fused=True) or of the reference (jitted in JAX)."""
-        return (self._add_rms_norm_fused_grads if fused else self._add_rms_norm_reference_grads)(
-            x, residual, weight, d_out, d_new_residual
-        )
+    def add_rms_norm_grads(
+        self, fused: bool, x: Any, residual: Any, weight: Any, d_out: Any, d_new_residual: Any, **options: Any
+    ):
+        """(d_x, d_residual or None, d_weight) of the fused op (fused=True) or of the reference (jitted in JAX).
+
+        options: add_rms_norm's family options (offset, float32_weight); none: the cached plain functions."""
+        if not options:
+            grads = self._add_rms_norm_fused_grads if fused else self._add_rms_norm_reference_grads
+            return grads(x, residual, weight, d_out, d_new_residual)
+        key = ("add_rms_norm_grads", fused, *sorted(options.items()))
+        if key not in self._cache:
+            fn = self.ops.add_rms_norm if fused else self.ops.add_rms_norm_reference
+            self._cache[key] = self.jit(self._rms_grads(functools.partial(fn, **options)))
+        return self._cache[key](x, residual, weight, d_out, d_new_residual)
+
+    def gated_grads(self, fused: bool, activation: str, x: Any, d_out: Any) -> Any:
+        """d_x [..., 2I] of the gated op of `activation`, fused or the reference (jitted in JAX)."""
+        if activation == "silu":
+            return self.silu_and_mul_grads(fused, x, d_out)
+        key = ("gated_grads", fused, activation)
+        if key not in self._cache:
+            fn = self.gated(activation, fused) if fused else self.ops.gelu_tanh_and_mul_reference
+            self._cache[key] = self.jit(lambda x, d_out: self.vjp(fn, (x,), d_out)[0])
+        return self._cache[key](x, d_out)
 
     def silu_and_mul_grads(self, fused: bool, x: Any, d_out: Any) -> Any:
         """d_x [..., 2I] of the fused op or of the reference (jitted in JAX)."""

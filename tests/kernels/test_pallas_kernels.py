@@ -90,6 +90,23 @@ def test_kernels_lower_for_gpu(width: int, dtype: str) -> None:
     assert "__gpu$xla.gpu.triton" in text.as_text()
 
 
+@pytest.mark.parametrize(("width", "dtype"), [(123, "bfloat16"), (3072, "float32")])
+def test_family_kernels_lower_for_gpu(width: int, dtype: str) -> None:
+    """Gemma's add_rms_norm (offset, float32 weight) and GeGLU, forward and backward, through the Triton lowering."""
+    from kernels.pallas import gelu_tanh_and_mul
+
+    def loss(x, r, w, gate_up):
+        out, s = add_rms_norm(x, r, w, EPS, offset=1.0, float32_weight=True)
+        return jnp.sum(out.astype(jnp.float32)) + jnp.sum(s.astype(jnp.float32) * gelu_tanh_and_mul(gate_up))
+
+    x, w, gate_up = jnp.zeros((5, width), dtype), jnp.zeros((width,), dtype), jnp.zeros((5, 2 * width), dtype)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+    text = grad.trace(x, x, w, gate_up).lower(lowering_platforms=("cuda",)).as_text()
+    for name in ("add_rms_norm", "gelu_tanh_and_mul", "add_rms_norm_backward", "gelu_tanh_and_mul_backward"):
+        assert f'name = "{name}"' in text, name
+    assert text.count("__gpu$xla.gpu.triton") == 5  # two forward kernels, three backward
+
+
 # 300 rows of 9728 are 300 one-row blocks: more than 256 programs hold, so each loops over 2 (lax.fori_loop).
 @pytest.mark.parametrize(("rows", "width", "dtype"), [(5, 123, "bfloat16"), (300, 9728, "float32")])
 def test_backward_kernels_lower_for_gpu(rows: int, width: int, dtype: str) -> None:

@@ -176,30 +176,36 @@ for dtype, width in [("bf16", 123), ("fp16", 4096), ("fp32", 9728), ("bf16", 655
     cfg = arn._block_config(width)
     ptrs = dict.fromkeys(["x_ptr", "residual_ptr", "weight_ptr", "out_ptr", "new_residual_ptr"], d)
     ints = ["n_rows", "n_cols", "x_row_stride", "residual_row_stride"]
-    consts = {"HAS_RESIDUAL": True, "BLOCK_ROWS": cfg["BLOCK_ROWS"], "BLOCK_H": cfg["BLOCK_H"]}
-    compile(arn._add_rms_norm_kernel, ptrs, ints, consts, cfg["num_warps"], floats=["eps"])
+    for float32_weight in (False, True):  # Qwen/Llama's weight multiply, and Gemma's / OLMo 2's in float32
+        consts = {"HAS_RESIDUAL": True, "FLOAT32_WEIGHT": float32_weight}
+        consts |= {"BLOCK_ROWS": cfg["BLOCK_ROWS"], "BLOCK_H": cfg["BLOCK_H"]}
+        compile(arn._add_rms_norm_kernel, ptrs, ints, consts, cfg["num_warps"], floats=["eps", "offset"])
 
     cfg = arnb._block_config(4099, width)
     ptrs = {**dict.fromkeys(["s_ptr", "weight_ptr", "d_out_ptr", "d_new_residual_ptr", "d_s_ptr"], d)}
     ptrs["partial_dw_ptr"] = "*fp32"
     ints = ["n_rows", "n_cols", "s_row_stride", "d_out_row_stride", "d_new_residual_row_stride"]
-    consts = {"HAS_D_NEW_RESIDUAL": True, "BLOCK_ROWS": cfg["BLOCK_ROWS"], "BLOCK_H": cfg["BLOCK_H"]}
-    compile(arnb._add_rms_norm_backward_kernel, ptrs, [*ints, "blocks_per_program"], consts, cfg["num_warps"], ["eps"])
+    ints = [*ints, "blocks_per_program"]
+    for float32_weight in (False, True):
+        consts = {"HAS_D_NEW_RESIDUAL": True, "FLOAT32_WEIGHT": float32_weight}
+        consts |= {"BLOCK_ROWS": cfg["BLOCK_ROWS"], "BLOCK_H": cfg["BLOCK_H"]}
+        compile(arnb._add_rms_norm_backward_kernel, ptrs, ints, consts, cfg["num_warps"], ["eps", "offset"])
     ptrs = {"partial_ptr": "*fp32", "out_ptr": d}
     compile(arnb._sum_partials_kernel, ptrs, ["n_partials", "n_cols"], {"BLOCK_COLS": arnb._SUM_BLOCK_COLS}, 4)
 
     for module, kernel, ptr_names, ints in [
-        (sam, sam._silu_and_mul_kernel, ["x_ptr", "out_ptr"], ["n_rows", "n_inter", "x_row_stride"]),
+        (sam, sam._gated_and_mul_kernel, ["x_ptr", "out_ptr"], ["n_rows", "n_inter", "x_row_stride"]),
         (
             samb,
-            samb._silu_and_mul_backward_kernel,
+            samb._gated_and_mul_backward_kernel,
             ["x_ptr", "d_out_ptr", "d_x_ptr"],
             ["n_rows", "n_inter", "x_row_stride", "d_out_row_stride"],
         ),
     ]:
         cfg = module._block_config(width)
-        consts = {"BLOCK_ROWS": cfg["BLOCK_ROWS"], "BLOCK_COLS": cfg["BLOCK_COLS"]}
-        compile(kernel, dict.fromkeys(ptr_names, d), ints, consts, cfg["num_warps"])
+        for activation in ("silu", "gelu_tanh"):
+            consts = {"ACTIVATION": activation, "BLOCK_ROWS": cfg["BLOCK_ROWS"], "BLOCK_COLS": cfg["BLOCK_COLS"]}
+            compile(kernel, dict.fromkeys(ptr_names, d), ints, consts, cfg["num_warps"])
 print("compiled")
 """
 

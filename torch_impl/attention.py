@@ -1,10 +1,13 @@
-"""Grouped-query causal self-attention with RoPE and Qwen3's per-head q/k RMSNorm.
+"""Grouped-query causal self-attention with RoPE, q/k norms, soft-capped scores and sliding windows.
 
-Mirrors jax_impl/attention.py. q/k/v projections (bias where the spec says so), per-head RMSNorm on q and
-k before RoPE (Qwen3), rotate-half RoPE, key/value heads shared by `num_kv_groups` consecutive query
-heads (query head h reads kv head h // groups: Hugging Face's repeat_kv, i.e. repeat_interleave, done as a
-reshape of the queries so the keys and values are never copied), scores and softmax in float32.
-An optional KV cache receives this step's keys and values and returns every cached one.
+Mirrors jax_impl/attention.py. q/k/v projections, separate or one per-head `qkv_proj` (GPT-NeoX), with a bias
+where the spec says so; q/k norms before RoPE, per head over d (Qwen3, Gemma 3) or over the whole projection
+before the view into heads (OLMo 2); rotate-half RoPE, full or partial; key/value heads shared by
+`num_kv_groups` consecutive query heads (query head h reads kv head h // groups: Hugging Face's repeat_kv,
+i.e. repeat_interleave, done as a reshape of the queries so the keys and values are never copied); scores
+scaled by spec.attention_scale, soft-capped (Gemma 2), softmax in float32; an o_proj bias (GPT-NeoX) added once.
+The layer's window comes in through its mask (the model builds one per layer kind). An optional KV cache
+receives this step's keys and values and returns every cached one.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from spec import ModelSpec
-from torch_impl.layernorm import RMSNorm
+from torch_impl.layernorm import make_norm
 from torch_impl.rotary_embedding import apply_rotary
 from torch_impl.tensor_parallel import column_linear, row_linear
 
@@ -33,14 +36,24 @@ def group_heads(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return q.view(b, t, num_kv_heads, n // num_kv_heads, d)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """q [B, T, n_kv, g, d] (grouped), k [B, n_kv, S, d], v [B, n_kv, d, S], mask [B, T, S] bool (True = may
     attend): the KV cache's layouts (kv_cache.py says why).
 
     Returns [B, T, n_kv, g, d]. Scores, softmax and the weighted sum run in float32; masked scores get the
     float32 minimum rather than -inf so that a fully masked (padding) row stays finite instead of NaN.
+    `softcap` (Gemma 2): scores -> cap * tanh(scores / cap) after the scale, before the mask.
     """
     scores = torch.einsum("btkgd,bksd->bkgts", q.float(), k.float()) * scale  # [B, n_kv, g, T, S]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask[:, None, None], torch.finfo(torch.float32).min)
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("bkgts,bkds->btkgd", probs, v.float()).to(q.dtype)  # [B, T, n_kv, g, d]
@@ -65,15 +78,20 @@ class Attention(nn.Module):
             spec.num_key_value_heads,
             spec.head_dim,
         )
-        self.scale = spec.head_dim**-0.5
+        self.scale, self.softcap = spec.attention_scale, spec.attn_logit_softcapping
+        self.fused_qkv, self.projection_norm = spec.fused_qkv, spec.qk_norm_scope == "projection"
         h, q_out, kv_out = spec.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = column_linear(h, q_out, spec.attention_bias, tp, group)
-        self.k_proj = column_linear(h, kv_out, spec.attention_bias, tp, group)
-        self.v_proj = column_linear(h, kv_out, spec.attention_bias, tp, group)
-        self.o_proj = row_linear(q_out, h, tp, group)
-        if spec.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, kernels=kernels)
-            self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps, kernels=kernels)
+        if self.fused_qkv:  # rows [n, 3, d]: each head's q, k and v together (GPT-NeoX)
+            self.qkv_proj = column_linear(h, 3 * q_out, spec.attention_bias, tp, group)
+        else:
+            self.q_proj = column_linear(h, q_out, spec.attention_bias, tp, group)
+            self.k_proj = column_linear(h, kv_out, spec.attention_bias, tp, group)
+            self.v_proj = column_linear(h, kv_out, spec.attention_bias, tp, group)
+        self.o_proj = row_linear(q_out, h, tp, group, spec.o_proj_bias)
+        if spec.qk_norm:  # over d, one weight for every head; or over the whole projection (OLMo 2)
+            q_dim, k_dim = (q_out, kv_out) if self.projection_norm else (self.head_dim, self.head_dim)
+            self.q_norm = make_norm(spec, q_dim, kernels=kernels)
+            self.k_norm = make_norm(spec, k_dim, kernels=kernels)
         else:
             self.q_norm = self.k_norm = None
 
@@ -87,10 +105,9 @@ class Attention(nn.Module):
         trace: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # [B, T, n, d]
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # [B, T, n_kv, d]
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # [B, T, n_kv, d]
-        if self.q_norm is not None:  # per head: with tp > 1 each rank's heads give part of the weights' gradient
+        q, k, v = self._project(x)  # [B, T, n, d], [B, T, n_kv, d], [B, T, n_kv, d]
+        if self.q_norm is not None and not self.projection_norm:
+            # per head: with tp > 1 each rank's heads give part of the weights' gradient
             q, k = self.q_norm(q, group=self.group), self.k_norm(k, group=self.group)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if trace is not None:
@@ -99,5 +116,17 @@ class Attention(nn.Module):
         k, v = k.transpose(1, 2), v.permute(0, 2, 3, 1)  # [B, n_kv, T, d], [B, n_kv, d, T]
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, S, d], [B, n_kv, d, S]: every cached position
-        out = attend(group_heads(q, self.num_kv_heads), k, v, mask, self.scale)  # [B, T, n_kv, g, d]
+        out = attend(group_heads(q, self.num_kv_heads), k, v, mask, self.scale, self.softcap)  # [B, T, n_kv, g, d]
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))  # [B, T, H]
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x [B, T, H] as heads; a projection-scope q/k norm is applied here, before the view."""
+        b, t, _ = x.shape
+        n, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.fused_qkv:
+            qkv = self.qkv_proj(x).view(b, t, n, 3 * d)  # [B, T, n, 3d]: q, k, v of each head side by side
+            return qkv.split(d, dim=-1)  # 3 x [B, T, n, d]
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, n * d], [B, T, n_kv * d] x 2
+        if self.projection_norm and self.q_norm is not None:  # tp > 1: a rank holds part of the row (all-reduced)
+            q, k = self.q_norm(q, row_group=self.group), self.k_norm(k, row_group=self.group)
+        return q.view(b, t, n, d), k.view(b, t, n_kv, d), v.view(b, t, n_kv, d)  # [B, T, heads, d]

@@ -1,8 +1,14 @@
-"""One pre-norm decoder layer in the dual-variable residual flow (docs/design.md, "The dual-variable flow").
+"""One decoder layer in the dual-variable residual flow (docs/design.md, "The dual-variable flow"): pre-norm
+(Llama, Qwen, Mistral, sequential GPT-NeoX) or sandwich (Gemma 2/3: pre and post norms); `decoder_layer` picks
+the spec's layer class, the plain-flow ones (post-norm OLMo 2, parallel GPT-NeoX) in decoder_layer_plain.py.
 
 Mirrors jax_impl/decoder_layer.py. A layer takes and returns (hidden, residual): the add of the
 previous increment into the residual stream happens inside the next add_rms_norm, so the returned
 hidden is the MLP's increment, not x2. Trace mode records the math variables x1 and x2 explicitly.
+
+Sandwich: the post norms are plain norms of an increment (HF's names: `post_attention_layernorm` is the norm ON
+the attention output), and the pre-norms fuse with the residual add: x1 = x + post_attn_norm(attn), then
+pre_feedforward_layernorm(x1) is one add_rms_norm of the normed increment into the residual.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from torch import nn
 
 from spec import ModelSpec
 from torch_impl.attention import Attention
-from torch_impl.layernorm import RMSNorm
+from torch_impl.decoder_layer_plain import ParallelDecoderLayer, PostNormDecoderLayer
+from torch_impl.layernorm import make_norm
 from torch_impl.mlp import MLP
 
 if TYPE_CHECKING:
@@ -34,10 +41,16 @@ class DecoderLayer(nn.Module):
     ):
         super().__init__()
         self.layer_idx = layer_idx
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, kernels=kernels)
+        self.sandwich = spec.norm_placement == "sandwich"
+        h = spec.hidden_size
+        self.input_layernorm = make_norm(spec, h, kernels=kernels)
         self.self_attn = Attention(spec, layer_idx, kernels=kernels, tp=tp, group=group)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, kernels=kernels)
+        self.post_attention_layernorm = make_norm(spec, h, kernels=kernels)
+        if self.sandwich:
+            self.pre_feedforward_layernorm = make_norm(spec, h, kernels=kernels)
         self.mlp = MLP(spec, layer_idx, kernels=kernels, tp=tp, group=group)
+        if self.sandwich:
+            self.post_feedforward_layernorm = make_norm(spec, h, kernels=kernels)
 
     def forward(
         self,
@@ -59,12 +72,41 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(hidden, cos, sin, mask, cache, trace)
         if trace is not None:
             trace[f"{name}.attn_out"] = hidden
-        hidden, residual = self.post_attention_layernorm(hidden, residual)  # residual is now x1
+        if self.sandwich:
+            hidden = self.post_attention_layernorm(hidden)  # the normed increment
+            if trace is not None:
+                trace[f"{name}.attn_post_norm"] = hidden
+            hidden, residual = self.pre_feedforward_layernorm(hidden, residual)  # residual is now x1
+        else:
+            hidden, residual = self.post_attention_layernorm(hidden, residual)  # residual is now x1
         if trace is not None:
             trace[f"{name}.x1"] = residual
             trace[f"{name}.post_attn_norm"] = hidden
         hidden = self.mlp(hidden, trace)  # an increment: x2 = hidden + residual, materialized later
         if trace is not None:
             trace[f"{name}.mlp_out"] = hidden
+        if self.sandwich:
+            hidden = self.post_feedforward_layernorm(hidden)
+            if trace is not None:
+                trace[f"{name}.mlp_post_norm"] = hidden
+        if trace is not None:
             trace[f"{name}.x2"] = (hidden.float() + residual.float()).to(hidden.dtype)
         return hidden, residual
+
+
+def decoder_layer(
+    spec: ModelSpec,
+    layer_idx: int,
+    *,
+    kernels: str = "reference",
+    tp: int = 1,
+    group: dist.ProcessGroup | None = None,
+) -> DecoderLayer | PostNormDecoderLayer | ParallelDecoderLayer:
+    """The layer class of the spec's residual flow, built for layer `layer_idx`."""
+    if spec.norm_placement == "post":
+        cls = PostNormDecoderLayer
+    elif spec.parallel_residual:
+        cls = ParallelDecoderLayer
+    else:
+        cls = DecoderLayer
+    return cls(spec, layer_idx, kernels=kernels, tp=tp, group=group)

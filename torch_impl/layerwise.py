@@ -5,13 +5,17 @@ Mirrors jax_impl/layerwise.py. `Layerwise` builds each piece from the classes th
 (`runtime_params` restricted to the piece: validated, packed, scanned) as torch_impl/loader.py fills the
 whole model, runs it and drops it before the next piece loads:
 
-    embed(ids)             the embedding: a gather from the rows the ids read (rows[inverse] == E[ids])
+    embed(ids)             the embedding: a gather from the rows the ids read (rows[inverse] == E[ids]), scaled
+                           where the spec scales it (Gemma)
     run_layer(i, inputs)   decoder layer i, loaded once, run on each input (free-running, teacher-forced)
-    head(inputs)           the final norm, then the logits over the head's table in blocks of rows
+    head(inputs)           the final norm, then the logits over the head's table in blocks of rows (then the
+                           final soft-cap, Gemma 2)
 
 Between pieces only the activations at a layer boundary are kept: a `Boundary`, the (hidden, residual) pair
-of the dual-variable flow (docs/design.md, "The dual-variable flow"); x2 of a layer is hidden + residual.
-Each piece records the same trace names as `CausalLM.forward` (parity/components.py).
+of the dual-variable flow (docs/design.md, "The dual-variable flow"); x2 of a layer is hidden + residual. In the
+plain flow (post-norm OLMo 2, parallel GPT-NeoX) the pair is (x2, None). Each piece records the same trace names
+as `CausalLM.forward` (parity/components.py), with the masks and RoPE tables of each layer kind built as it
+builds them.
 """
 
 from __future__ import annotations
@@ -26,15 +30,16 @@ import torch
 from torch import nn
 
 from kernels import resolve_kernels
-from spec import InputError, ModelSpec, check_token_ids, dtype_name
-from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_params, module_param
-from spec.params import EMBEDDING, NORM
-from torch_impl.decoder_layer import DecoderLayer
+from spec import Checkpoint, InputError, ModelSpec, check_token_ids, dtype_name, runtime_params
+from spec.families import FULL
+from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_params
+from spec.params import EMBEDDING
+from torch_impl.decoder_layer import decoder_layer
 from torch_impl.embedding import Embedding
-from torch_impl.layernorm import RMSNorm
+from torch_impl.layernorm import make_norm
 from torch_impl.linear import Linear
 from torch_impl.loader import DTYPES, to_torch
-from torch_impl.model import causal_mask, default_positions
+from torch_impl.model import default_positions, final_softcap, layer_masks
 from torch_impl.rotary_embedding import RotaryEmbedding
 
 Boundary = tuple[torch.Tensor, torch.Tensor | None]  # (hidden, residual); residual None before layer 0
@@ -52,8 +57,9 @@ class Layerwise:
         self.dtype = DTYPES[dtype_name(dtype)] if isinstance(dtype, str) else dtype
         self.device = torch.device(device)
         self.kernels = resolve_kernels(kernels, on_gpu=torch.cuda.is_available())
-        self.rotary = RotaryEmbedding(self.spec).to(self.device)  # inv_freq from the spec, as the loader sets it
-        self._rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # cos, sin, mask of the batch
+        # inv_freq from the spec, as the loader sets it; one table per RoPE kind (Gemma 3's sliding layers)
+        self.rotary = {kind: RotaryEmbedding(self.spec, kind).to(self.device) for kind in self.spec.rope_kinds}
+        self._rope: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # kind -> cos, sin, mask
         self.load_s = self.run_s = 0.0
 
     def _build(self, make: Callable[[], nn.Module], params: Iterable[tuple[str, str, str, np.ndarray]]) -> nn.Module:
@@ -97,38 +103,47 @@ class Layerwise:
 
         with self._running():
             key_valid = torch.ones(b, t, dtype=torch.bool, device=self.device)
-            cos, sin = self.rotary(default_positions(key_valid, 0, t))
-            self._rope = (cos, sin, causal_mask(key_valid, 0, t))
+            positions = default_positions(key_valid, 0, t)
+            tables = {kind: rotary(positions) for kind, rotary in self.rotary.items()}
+            masks = layer_masks(self.spec, key_valid, 0, t)
+            self._rope = {kind: (*tables.get(kind, tables[FULL]), mask) for kind, mask in masks.items()}
             hidden = table(torch.as_tensor(inverse, device=self.device))  # [B, T, H]
+            if self.spec.embedding_scale:  # as Model.embed
+                hidden = hidden * torch.tensor(self.spec.hidden_size**0.5, dtype=torch.float32).to(hidden.dtype)
         if trace is not None:
             trace["embed"] = hidden
         return hidden, None
 
     def boundary(self, x: np.ndarray, *, first_layer: bool) -> Boundary:
         """Another run's x at a layer boundary (float32 numpy of values in this dtype, so the cast is exact) as
-        this backend's layer input: (x, None) before layer 0 (x is the embedding); else (0, x), whose
-        add_rms_norm gives exactly x as the new residual, so the layer normalizes exactly x."""
+        this backend's layer input: (x, None) before layer 0 (x is the embedding) and in the plain flow (post-norm,
+        parallel residual: the stream is carried whole); else (0, x), whose add_rms_norm gives exactly x as the
+        new residual, so the layer normalizes exactly x."""
         tensor = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device, self.dtype)
-        return (tensor, None) if first_layer else (torch.zeros_like(tensor), tensor)
+        plain = self.spec.norm_placement == "post" or self.spec.parallel_residual
+        return (tensor, None) if first_layer or plain else (torch.zeros_like(tensor), tensor)
 
     def run_layer(self, index: int, inputs: Sequence[Boundary], traces: Sequence[Trace]) -> list[Boundary]:
         """Load decoder layer `index`, run it on each input (recording into the matching trace), drop it."""
         if self._rope is None:
             raise InputError("run_layer before embed: the batch's positions and mask come from embed(ids)")
         layer = self._build(
-            lambda: DecoderLayer(self.spec, index, kernels=self.kernels), layer_params(self.directory, self.spec, index)
+            lambda: decoder_layer(self.spec, index, kernels=self.kernels),
+            layer_params(self.directory, self.spec, index),
         )
-        cos, sin, mask = self._rope
+        cos, sin, mask = self._rope[self.spec.layer_type(index)]
         with self._running():
             return [layer(h, r, cos, sin, mask, None, trace) for (h, r), trace in zip(inputs, traces, strict=True)]
 
     def head(self, inputs: Sequence[Boundary], traces: Sequence[Trace]) -> list[torch.Tensor]:
         """The final norm of each input (consuming the last increment), then its logits [B, T, V], the head's
-        table read in blocks of rows (spec/layerwise.py); returns the logits."""
-        norm_weight = module_param(self.directory, self.spec, final_norm_module(self.spec))
+        table read in blocks of rows (spec/layerwise.py), then the final soft-cap where the spec has one; returns
+        the logits."""
+        final = final_norm_module(self.spec)
+        params = runtime_params(Checkpoint(self.directory), self.spec, modules=lambda m: m == final)  # weight, bias
         norm = self._build(
-            lambda: RMSNorm(self.spec.hidden_size, self.spec.rms_norm_eps, kernels=self.kernels),
-            [("", "weight", NORM, norm_weight)],
+            lambda: make_norm(self.spec, self.spec.hidden_size, kernels=self.kernels),
+            ((module[len(final) :], role, kind, array) for module, role, kind, array in params),
         )
         with self._running():
             normed = [norm(h) if r is None else norm(h, r)[0] for h, r in inputs]  # [B, T, H] each
@@ -143,9 +158,14 @@ class Layerwise:
                 for out, x in zip(blocks, normed, strict=True):
                     out.append(head(x))  # [B, T, rows]
             del head, block  # before the next block loads
-        logits = [torch.cat(out, dim=-1) for out in blocks]  # [B, T, V]
-        for trace, final, full in zip(traces, normed, logits, strict=True):
+        heads = [torch.cat(out, dim=-1) for out in blocks]  # [B, T, V]
+        cap = self.spec.final_logit_softcapping
+        with self._running():
+            logits = heads if cap is None else [final_softcap(head, cap) for head in heads]
+        for trace, normed_x, head, full in zip(traces, normed, heads, logits, strict=True):
             if trace is not None:
-                trace["final_norm"] = final
+                trace["final_norm"] = normed_x
+                if cap is not None:  # as CausalLM.forward: the logits before the cap
+                    trace["head"] = head
                 trace["logits"] = full
         return logits

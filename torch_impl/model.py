@@ -1,10 +1,13 @@
 """The decoder (`Model`) and the causal LM with its (tied) head (`CausalLM`). Only composes layers.
 
 Mirrors jax_impl/model.py. `CausalLM.forward` validates token ids at the boundary, builds positions and
-the causal/padding mask once, runs the layers in the dual-variable flow, and applies the final norm
-(which consumes the last layer's increment) and the head. A tied head is the embedding's Parameter
-itself: `lm_head.weight is model.embed_tokens.weight`. With tp > 1 (torch_impl/tensor_parallel.py) the
-modules hold this rank's shard, sized by `module_spec`, and the logits are this rank's vocabulary shard.
+the causal/padding masks once (one per layer kind: full, and sliding where the spec has a window), runs the
+layers in the dual-variable flow (or the plain flow of decoder_layer_plain.py), and applies the final norm
+(which consumes the last layer's increment), the head and the final soft-cap (Gemma 2). The embedding is
+scaled by sqrt(hidden) where the spec says so (Gemma); RoPE tables are made once per kind (Gemma 3's sliding
+layers have their own). A tied head is the embedding's Parameter itself: `lm_head.weight is
+model.embed_tokens.weight`. With tp > 1 (torch_impl/tensor_parallel.py) the modules hold this rank's shard,
+sized by `module_spec`, and the logits are this rank's vocabulary shard.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from torch import nn
 
 from kernels import resolve_kernels
 from spec import ModelSpec, check_attention_mask, check_positions, check_token_ids
-from torch_impl.decoder_layer import DecoderLayer
+from spec.families import FULL, SLIDING
+from torch_impl.decoder_layer import decoder_layer
 from torch_impl.embedding import Embedding
-from torch_impl.layernorm import RMSNorm
+from torch_impl.layernorm import make_norm
 from torch_impl.rotary_embedding import RotaryEmbedding
 from torch_impl.tensor_parallel import column_linear, rank_layout
 from torch_impl.vocab_parallel import mask_padding
@@ -36,10 +40,28 @@ def causal_mask(key_valid: torch.Tensor, q_start: int, q_len: int) -> torch.Tens
     return (k_slot[None, :] <= q_slot[:, None])[None] & key_valid[:, None, :]  # [B, T, S]
 
 
+def layer_masks(spec: ModelSpec, key_valid: torch.Tensor, q_start: int, q_len: int) -> dict[str, torch.Tensor]:
+    """One mask [B, T, S] per layer kind of `spec`: the causal/padding mask, and for sliding layers the same
+    restricted to keys at slots q - window < k <= q (transformers' sliding_window_overlay: by slot, so left
+    padding counts as slots)."""
+    full = causal_mask(key_valid, q_start, q_len)
+    if spec.sliding_window is None:
+        return {FULL: full}
+    q_slot = q_start + torch.arange(q_len, device=key_valid.device)  # [T]
+    k_slot = torch.arange(key_valid.shape[1], device=key_valid.device)  # [S]
+    recent = k_slot[None, :] > q_slot[:, None] - spec.sliding_window  # [T, S]
+    return {FULL: full, SLIDING: full & recent[None]}
+
+
 def default_positions(key_valid: torch.Tensor, q_start: int, q_len: int) -> torch.Tensor:
     """Position of each query: its count of valid slots before it, so left padding does not shift RoPE."""
     positions = (key_valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, S]
     return positions[:, q_start : q_start + q_len]  # [B, T]
+
+
+def final_softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma 2's final soft-cap: cap * tanh(logits / cap) in float32, then the logits' dtype."""
+    return (torch.tanh(logits.float() / cap) * cap).to(logits.dtype)
 
 
 class Model(nn.Module):
@@ -52,30 +74,52 @@ class Model(nn.Module):
         h = spec.hidden_size
         self.embed_tokens = Embedding(local.vocab_size, h, tp=tp, vocab_start=layout.vocab_start, group=group)
         self.layers = nn.ModuleList(
-            DecoderLayer(local, i, kernels=kernels, tp=tp, group=group) for i in range(spec.num_hidden_layers)
+            decoder_layer(local, i, kernels=kernels, tp=tp, group=group) for i in range(spec.num_hidden_layers)
         )
-        self.norm = RMSNorm(h, spec.rms_norm_eps, kernels=kernels)
-        self.rotary_emb = RotaryEmbedding(spec)
+        self.norm = make_norm(spec, h, kernels=kernels)
+        self.rotary_emb = RotaryEmbedding(spec)  # full-attention layers (every layer unless a kind has its own)
+        self.local_rotary_emb = RotaryEmbedding(spec, SLIDING) if SLIDING in spec.rope_kinds else None
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, T] -> h0 [B, T, H]: the gather, times sqrt(hidden) where the spec scales it (Gemma: the
+        float32 factor rounded to the activation dtype, the multiply in that dtype, as transformers does)."""
+        hidden = self.embed_tokens(input_ids)  # [B, T, H]
+        if self.spec.embedding_scale:
+            hidden = hidden * torch.tensor(self.spec.hidden_size**0.5, dtype=torch.float32).to(hidden.dtype)
+        return hidden
+
+    def rope(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) per layer kind, each table computed once per forward."""
+        tables = {FULL: self.rotary_emb(positions)}
+        tables[SLIDING] = tables[FULL] if self.local_rotary_emb is None else self.local_rotary_emb(positions)
+        return tables
 
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        mask: torch.Tensor,
+        masks: dict[str, torch.Tensor],
         cache: KVCache | None = None,
         last_only: bool = False,
         trace: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)  # [B, T, H]
+        """`masks`: layer kind -> [B, T, S] bool (`layer_masks`)."""
+        hidden = self.embed(input_ids)  # [B, T, H]
         if trace is not None:
             trace["embed"] = hidden
-        cos, sin = self.rotary_emb(positions)
+        tables = self.rope(positions)
         residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin, mask, cache, trace)
+        for i, layer in enumerate(self.layers):
+            kind = self.spec.layer_type(i)
+            cos, sin = tables[kind]
+            hidden, residual = layer(hidden, residual, cos, sin, masks[kind], cache, trace)
         if last_only:  # the norm and head are per position: only the last one is needed
-            hidden, residual = hidden[:, -1:], residual[:, -1:]  # [B, 1, H]
-        hidden, _ = self.norm(hidden, residual)  # consumes the last increment: norm(x2 of the last layer)
+            hidden = hidden[:, -1:]  # [B, 1, H]
+            residual = None if residual is None else residual[:, -1:]
+        if residual is None:  # the plain flow (post-norm, parallel residual): hidden is x2 itself
+            hidden = self.norm(hidden)
+        else:
+            hidden, _ = self.norm(hidden, residual)  # consumes the last increment: norm(x2 of the last layer)
         if trace is not None:
             trace["final_norm"] = hidden
         return hidden
@@ -125,11 +169,16 @@ class CausalLM(nn.Module):
             positions = default_positions(key_valid, past, t)
         else:  # numpy or torch, any integer dtype; each inside the RoPE range (spec/inputs.py)
             positions = torch.as_tensor(check_positions(positions, self.spec, b, t), device=device)
-        mask = causal_mask(key_valid, past, t)
-        hidden = self.model(ids, positions, mask, cache, last_only, trace)
+        masks = layer_masks(self.spec, key_valid, past, t)
+        hidden = self.model(ids, positions, masks, cache, last_only, trace)
         if cache is not None:
             cache.advance(t)
         logits = self.lm_head(hidden)  # tied: the embedding table itself, F.linear(x, E)
+        cap = self.spec.final_logit_softcapping
+        if cap is not None:  # before the padding mask, which must stay -inf
+            if trace is not None:
+                trace["head"] = logits
+            logits = final_softcap(logits, cap)
         if self.layout.padded_vocab != self.spec.vocab_size:  # padding rows of a sharded vocabulary: never chosen
             logits = mask_padding(logits, self.layout.vocab_start, self.spec.vocab_size)
         if trace is not None:

@@ -6,7 +6,8 @@ loader (torch_impl/loader.py, the same one as tp = 1) reads only this rank's sli
 partition table (spec/params.py) says. What differs from one process is where partial results meet:
 
     q/k/v, gate_up   column-parallel (`ColumnParallelLinear`): this rank's output rows; the backward sums dL/dx
-    o_proj, down     row-parallel (`RowParallelLinear`): this rank's input columns, then all-reduce (sum)
+    o_proj, down     row-parallel (`RowParallelLinear`): this rank's input columns, then all-reduce (sum), then
+                     the bias (GPT-NeoX), added once
     embed_tokens     vocabulary-parallel (vocab_parallel.py): out-of-shard ids give zeros, all-reduce
     lm_head          column-parallel over this rank's vocabulary rows; tied: the embedding shard's Parameter
 
@@ -71,6 +72,30 @@ def sum_grad_over_ranks(x: torch.Tensor, group: dist.ProcessGroup | None) -> tor
     return _CopyToRanks.apply(x, group)
 
 
+class _SumOverRanks(torch.autograd.Function):
+    """Forward: the sum of every rank's partial value. Backward: the sum of every rank's gradient, since each
+    rank's use of the sum covers only its own shard of what follows (OLMo 2's q/k norm statistic)."""
+
+    @staticmethod
+    def forward(ctx, partial: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+        ctx.group = group
+        total = partial.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        total = grad.clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total, None
+
+
+def sum_over_ranks(partial: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Sum of the ranks' partial values whose use is itself sharded: all-reduced forward and backward (the sum
+    of squares of a norm over a projection split across ranks)."""
+    return _SumOverRanks.apply(partial, group)
+
+
 def reduce_from_ranks(partial: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Sum of the ranks' partial results; autograd-aware (row-parallel outputs, the vocabulary-parallel gather)."""
     return _ReduceFromRanks.apply(partial, group)
@@ -99,24 +124,31 @@ def column_linear(in_features: int, out_features: int, bias: bool, tp: int, grou
 
 
 class RowParallelLinear(nn.Linear):
-    """This rank's input columns of a bias-free Linear; the partial products are summed across ranks.
+    """This rank's input columns of a Linear; the partial products are summed across ranks, then the bias (every
+    rank holds it whole) is added once.
 
-    Low-precision partials are summed in float32 and rounded once, as the unsharded matmul accumulates.
+    Low-precision partials are summed in float32, the bias added in float32, and rounded once, as the unsharded
+    matmul accumulates.
     """
 
-    def __init__(self, in_features: int, out_features: int, group: dist.ProcessGroup | None = None):
-        super().__init__(in_features, out_features, bias=False)
+    def __init__(self, in_features: int, out_features: int, group: dist.ProcessGroup | None = None, bias: bool = False):
+        super().__init__(in_features, out_features, bias=bias)
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = linear(x, self.weight)  # [..., out], this rank's share of the sum over inputs
         if partial.dtype in (torch.float16, torch.bfloat16):
-            return reduce_from_ranks(partial.float(), self.group).to(partial.dtype)
-        return reduce_from_ranks(partial, self.group)
+            total = reduce_from_ranks(partial.float(), self.group)
+            return (total if self.bias is None else total + self.bias.float()).to(partial.dtype)
+        total = reduce_from_ranks(partial, self.group)
+        return total if self.bias is None else total + self.bias
 
 
-def row_linear(in_features: int, out_features: int, tp: int, group: dist.ProcessGroup | None) -> nn.Linear:
-    """A bias-free Linear whose inputs are split over `tp` ranks (o_proj, down_proj): plain when tp = 1."""
+def row_linear(
+    in_features: int, out_features: int, tp: int, group: dist.ProcessGroup | None, bias: bool = False
+) -> nn.Linear:
+    """A Linear whose inputs are split over `tp` ranks (o_proj, down_proj): plain when tp = 1. A bias (GPT-NeoX)
+    is added once, after the sum over ranks."""
     if tp == 1:
-        return Linear(in_features, out_features, bias=False)
-    return RowParallelLinear(in_features, out_features, group)
+        return Linear(in_features, out_features, bias=bias)
+    return RowParallelLinear(in_features, out_features, group, bias)

@@ -235,3 +235,34 @@ def test_non_finite_inputs_behave_like_the_reference(fw: Framework) -> None:
     want = fw.ops.add_rms_norm_reference(x, x, weight, EPS, offset=1.0, float32_weight=True)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(np.isnan(to_numpy(g)), np.isnan(to_numpy(w)))
+
+
+@EXP_OVERFLOW
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_and_pallas_agree(dtype: str) -> None:
+    """Gemma's add_rms_norm and GeGLU, forward and backward, in both frameworks on the same numpy data, to the same
+    bounds as each against its reference (shapes of the cases above: no new Pallas compile)."""
+    triton, pallas = framework("triton"), framework("pallas")
+    options = {"offset": 1.0, "float32_weight": True}
+    inputs = _rms_inputs((17, 3072), True, 1.0)
+    grads = []
+    for fw in (triton, pallas):
+        args = [fw.array(a, dtype) for a in inputs.values()]
+        outs = fw.add_rms_norm(*args[:3], EPS, **options)
+        grads.append([to_numpy(o) for o in (*outs, *fw.add_rms_norm_grads(True, *args, **options))])
+    scale_s, scale_w = add_rms_norm_term_scales(*inputs.values(), dtype, EPS, **options)
+    quantities = ("add_rms_norm_float32_weight", "new_residual", "d_x", "d_residual", "d_weight")
+    for quantity, t, p, scale in zip(quantities, *grads, (None, None, scale_s, scale_s, scale_w), strict=True):
+        assert_within_tolerance(t, p, quantity, dtype, "gemma: triton vs pallas", scale)
+
+    x, d_out = sample_inputs((17, 2 * 3072), 7, "gate_up"), sample_inputs((17, 3072), 8, "cotangent")
+    t, p = (to_numpy(fw.gated("gelu_tanh")(fw.array(x, dtype))) for fw in (triton, pallas))
+    assert_within_tolerance(
+        t, p, "gelu_tanh_and_mul", dtype, "triton vs pallas", gelu_tanh_and_mul_term_scale(x, dtype)
+    )
+    t, p = (
+        to_numpy(fw.gated_grads(True, "gelu_tanh", fw.array(x, dtype), fw.array(d_out, dtype)))
+        for fw in (triton, pallas)
+    )
+    scale = gelu_tanh_and_mul_grad_term_scale(x, d_out, dtype)
+    assert_within_tolerance(t, p, "d_gate_up_gelu_tanh", dtype, "triton vs pallas", scale)

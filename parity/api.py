@@ -163,7 +163,7 @@ class _Run:
 
     def __init__(self, request: Request, progress: bool, say: Callable[[str], None]):
         self.request, self.progress, self.say = request, progress, say
-        self.names = component_order(request.spec.num_hidden_layers)
+        self.names = component_order(request.spec.num_hidden_layers, request.spec)
         self.timings: dict[str, dict[str, float]] = {}
 
     def capture(self, backend: str, dtype: str, kernels: str) -> Capture:

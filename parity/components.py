@@ -7,28 +7,70 @@ the order the forward pass computes them, not the first in a dict (JAX returns i
 
 from __future__ import annotations
 
-# Per layer, in the order a layer computes them. attn.q / attn.k are after q/k norm and RoPE ([B, T, n, d]).
+from spec import DEFAULT_SPEC, ModelSpec
+
+# Per layer, in the order a layer computes them, over every family (docs/design.md, "Model families"); a layer
+# records those its structure has (`layer_components`). attn.q / attn.k are after q/k norm and RoPE
+# ([B, T, n, d]). attn_post_norm / mlp_post_norm: the norm on an increment (sandwich and post-norm layers);
+# post_attn_norm: the norm before the MLP (transformers' post_attention_layernorm in a pre-norm layer, Gemma's
+# pre_feedforward_layernorm, GPT-NeoX's second LayerNorm); x1 does not exist in a parallel-residual layer.
 LAYER_COMPONENTS = (
     "input_norm",
     "attn.q",
     "attn.k",
     "attn_out",
+    "attn_post_norm",
     "x1",
     "post_attn_norm",
     "mlp.gate_up",
+    "mlp.up",
     "mlp.act",
     "mlp_out",
+    "mlp_post_norm",
     "x2",
 )
 LOGITS = "logits"
+_PLAIN = DEFAULT_SPEC  # a pre-norm RMSNorm/SwiGLU layer: what component_order lists without a spec
+HEAD = "head"  # the logits before the final soft-cap (Gemma 2); `logits` is after it
 
 
-def component_order(num_layers: int) -> list[str]:
-    """Every traced component in forward order: embed, each layer's components, final_norm, logits."""
+def layer_components(spec: ModelSpec | None = None) -> tuple[str, ...]:
+    """The components one layer of `spec` records, in forward order (None: the Llama/Qwen pre-norm layer)."""
+    if spec is None:
+        spec = _PLAIN
+    present = {"attn.q", "attn.k", "attn_out", "mlp.act", "mlp_out", "x2"}
+    present.add("mlp.gate_up" if spec.gated_mlp else "mlp.up")
+    if spec.pre_norm:
+        present.add("input_norm")
+    if spec.norm_placement != "post":
+        present.add("post_attn_norm")
+    if spec.norm_placement in ("sandwich", "post"):
+        present |= {"attn_post_norm", "mlp_post_norm"}
+    if not spec.parallel_residual:
+        present.add("x1")
+    return tuple(c for c in LAYER_COMPONENTS if c in present)
+
+
+def head_components(spec: ModelSpec | None = None) -> list[str]:
+    """After the last layer: the final norm, the soft-cap's input where there is one, the logits."""
+    capped = spec is not None and spec.final_logit_softcapping is not None
+    return ["final_norm", HEAD, LOGITS] if capped else ["final_norm", LOGITS]
+
+
+def component_order(num_layers: int, spec: ModelSpec | None = None) -> list[str]:
+    """Every traced component in forward order: embed, each layer's components, the head's.
+
+    Without `spec`, the Llama/Qwen layer's components; with it, those that model's structure records."""
     names = ["embed"]
     for i in range(num_layers):
-        names += [f"layers.{i}.{c}" for c in LAYER_COMPONENTS]
-    return names + ["final_norm", LOGITS]
+        names += [f"layers.{i}.{c}" for c in layer_components(spec)]
+    return names + head_components(spec)
+
+
+def forward_order(num_layers: int) -> dict[str, int]:
+    """Rank of every component any family records, in forward order: what sorting results by position uses."""
+    names = ["embed"] + [f"layers.{i}.{c}" for i in range(num_layers) for c in LAYER_COMPONENTS]
+    return {name: k for k, name in enumerate(names + ["final_norm", HEAD, LOGITS])}
 
 
 def layers_before(name: str, num_layers: int) -> int:

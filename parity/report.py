@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from parity.compare import Comparison, ComponentResult
-from parity.components import component_order, layers_before, residual_stream
+from parity.components import forward_order, layers_before, residual_stream
 from parity.tolerances import Tolerance
 
 
@@ -48,7 +48,7 @@ class Report:
     @property
     def first_failure(self) -> tuple[Comparison, ComponentResult] | None:
         """The earliest failing component in forward order over all comparisons (ties: the first comparison)."""
-        order = {name: k for k, name in enumerate(component_order(self.num_layers))}
+        order = forward_order(self.num_layers)
         failures = [(c, c.first_failure) for c in self.comparisons if c.first_failure is not None]
         if not failures:
             return None
@@ -85,7 +85,7 @@ class Report:
 
     def forced_failures(self) -> list[ComponentResult]:
         """The teacher-forced results outside tolerance, over every comparison, in forward order."""
-        order = {name: k for k, name in enumerate(component_order(self.num_layers))}
+        order = forward_order(self.num_layers)
         failed = [r for c in self.teacher_forced for r in c.results if not r.passed]
         return sorted(failed, key=lambda r: order.get(r.name, len(order)))
 

@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from parity.compare import Comparison, compare_traces
-from parity.components import LAYER_COMPONENTS, LOGITS, hf_components, residual_stream
+from parity.components import head_components, hf_components, layer_components, residual_stream
 from parity.report import Report
 from parity.request import KEEP_IDS, Request
 from parity.tolerances import tolerance_for
+from spec import ModelSpec
 
 
 @dataclass
@@ -137,7 +138,7 @@ class StreamedRun:
                     lane_start = time.perf_counter()
                     self._advance(lane, piece)
                     self.progress.lane_done(piece, lane.label, time.perf_counter() - lane_start)
-                self._compare(_names(piece), lanes)
+                self._compare(_names(piece, self.request.spec), lanes)
                 if piece != "head":
                     name = "embed" if piece == "embed" else f"layers.{piece}.x2"
                     self.teacher_x = lanes[self.teacher].trace[name]
@@ -184,13 +185,13 @@ def _release() -> None:
         pass
 
 
-def _names(piece: int | str) -> list[str]:
+def _names(piece: int | str, spec: ModelSpec) -> list[str]:
     """The components a piece records, in forward order (parity/components.py)."""
     if piece == "embed":
         return ["embed"]
     if piece == "head":
-        return ["final_norm", LOGITS]
-    return [f"layers.{piece}.{c}" for c in LAYER_COMPONENTS]
+        return head_components(spec)
+    return [f"layers.{piece}.{c}" for c in layer_components(spec)]
 
 
 class _LayerProgress:

@@ -26,8 +26,11 @@ from spec.config import ModelSpec
 from spec.errors import CheckpointError, format_problems
 from spec.params import param_table
 
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older exports saved; recomputed from the spec
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+# Buffers some older exports saved, recomputed from the spec: RoPE frequencies, and GPT-NeoX's (Pythia's)
+# causal-mask buffers `attention.bias` / `attention.masked_bias` (its real biases end in `query_key_value.bias`
+# and `dense.bias`).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
+_LAYER = re.compile(r"(?:model|gpt_neox)\.layers\.(\d+)\.")  # the families' layer prefixes (spec/params.py)
 _CHUNK = 1 << 16  # elements per scan step: the data and the bool result stay in the core's L2 cache
 # The exponent bits of the 16-bit formats: all set means Inf or NaN.
 _EXPONENT = {np.dtype(ml_dtypes.bfloat16): np.uint16(0x7F80), np.dtype(np.float16): np.uint16(0x7C00)}

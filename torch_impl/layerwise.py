@@ -39,7 +39,7 @@ from torch_impl.embedding import Embedding
 from torch_impl.layernorm import make_norm
 from torch_impl.linear import Linear
 from torch_impl.loader import DTYPES, to_torch
-from torch_impl.model import default_positions, final_softcap, layer_masks
+from torch_impl.model import attention_masks, default_positions, embedding_scale, final_softcap
 from torch_impl.rotary_embedding import RotaryEmbedding
 
 Boundary = tuple[torch.Tensor, torch.Tensor | None]  # (hidden, residual); residual None before layer 0
@@ -105,11 +105,11 @@ class Layerwise:
             key_valid = torch.ones(b, t, dtype=torch.bool, device=self.device)
             positions = default_positions(key_valid, 0, t)
             tables = {kind: rotary(positions) for kind, rotary in self.rotary.items()}
-            masks = layer_masks(self.spec, key_valid, 0, t)
+            masks = attention_masks(self.spec, key_valid, 0, t)
             self._rope = {kind: (*tables.get(kind, tables[FULL]), mask) for kind, mask in masks.items()}
             hidden = table(torch.as_tensor(inverse, device=self.device))  # [B, T, H]
-            if self.spec.embedding_scale:  # as Model.embed
-                hidden = hidden * torch.tensor(self.spec.hidden_size**0.5, dtype=torch.float32).to(hidden.dtype)
+            if self.spec.embedding_scale:  # as Model.forward
+                hidden = hidden * embedding_scale(self.spec, hidden.dtype)
         if trace is not None:
             trace["embed"] = hidden
         return hidden, None

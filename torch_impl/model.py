@@ -33,30 +33,39 @@ if TYPE_CHECKING:
     from torch_impl.kv_cache import KVCache
 
 
-def causal_mask(key_valid: torch.Tensor, q_start: int, q_len: int) -> torch.Tensor:
-    """key_valid [B, S] bool; queries sit at slots q_start .. q_start + q_len - 1 -> mask [B, T, S]."""
+def causal_mask(key_valid: torch.Tensor, q_start: int, q_len: int, window: int | None = None) -> torch.Tensor:
+    """key_valid [B, S] bool; queries sit at slots q_start .. q_start + q_len - 1 -> mask [B, T, S].
+
+    With a `window` a query at slot q sees keys at slots q - window < k <= q (transformers'
+    sliding_window_overlay): slots, so left padding counts, as it does in transformers."""
     q_slot = q_start + torch.arange(q_len, device=key_valid.device)  # [T]
     k_slot = torch.arange(key_valid.shape[1], device=key_valid.device)  # [S]
-    return (k_slot[None, :] <= q_slot[:, None])[None] & key_valid[:, None, :]  # [B, T, S]
+    allowed = k_slot[None, :] <= q_slot[:, None]  # [T, S]
+    if window is not None:
+        allowed = allowed & (k_slot[None, :] > q_slot[:, None] - window)
+    return allowed[None] & key_valid[:, None, :]  # [B, T, S]
 
 
-def layer_masks(spec: ModelSpec, key_valid: torch.Tensor, q_start: int, q_len: int) -> dict[str, torch.Tensor]:
-    """One mask [B, T, S] per layer kind of `spec`: the causal/padding mask, and for sliding layers the same
-    restricted to keys at slots q - window < k <= q (transformers' sliding_window_overlay: by slot, so left
-    padding counts as slots)."""
-    full = causal_mask(key_valid, q_start, q_len)
-    if spec.sliding_window is None:
-        return {FULL: full}
-    q_slot = q_start + torch.arange(q_len, device=key_valid.device)  # [T]
-    k_slot = torch.arange(key_valid.shape[1], device=key_valid.device)  # [S]
-    recent = k_slot[None, :] > q_slot[:, None] - spec.sliding_window  # [T, S]
-    return {FULL: full, SLIDING: full & recent[None]}
+def attention_masks(spec: ModelSpec, key_valid: torch.Tensor, q_start: int, q_len: int) -> dict[str, torch.Tensor]:
+    """One mask per layer type the spec's layers use (full: causal; sliding: causal within the window)."""
+    kinds = sorted({spec.layer_type(i) for i in range(spec.num_hidden_layers)})
+    return {
+        kind: causal_mask(key_valid, q_start, q_len, spec.sliding_window)
+        if kind == SLIDING
+        else causal_mask(key_valid, q_start, q_len)
+        for kind in kinds
+    }
 
 
 def default_positions(key_valid: torch.Tensor, q_start: int, q_len: int) -> torch.Tensor:
     """Position of each query: its count of valid slots before it, so left padding does not shift RoPE."""
     positions = (key_valid.long().cumsum(-1) - 1).clamp(min=0)  # [B, S]
     return positions[:, q_start : q_start + q_len]  # [B, T]
+
+
+def embedding_scale(spec: ModelSpec, dtype: torch.dtype) -> torch.Tensor:
+    """Gemma's embedding factor: sqrt(hidden) as float32, rounded to the activation dtype (as transformers)."""
+    return torch.tensor(spec.hidden_size**0.5, dtype=torch.float32).to(dtype)
 
 
 def final_softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -77,22 +86,9 @@ class Model(nn.Module):
             decoder_layer(local, i, kernels=kernels, tp=tp, group=group) for i in range(spec.num_hidden_layers)
         )
         self.norm = make_norm(spec, h, kernels=kernels)
-        self.rotary_emb = RotaryEmbedding(spec)  # full-attention layers (every layer unless a kind has its own)
-        self.local_rotary_emb = RotaryEmbedding(spec, SLIDING) if SLIDING in spec.rope_kinds else None
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """ids [B, T] -> h0 [B, T, H]: the gather, times sqrt(hidden) where the spec scales it (Gemma: the
-        float32 factor rounded to the activation dtype, the multiply in that dtype, as transformers does)."""
-        hidden = self.embed_tokens(input_ids)  # [B, T, H]
-        if self.spec.embedding_scale:
-            hidden = hidden * torch.tensor(self.spec.hidden_size**0.5, dtype=torch.float32).to(hidden.dtype)
-        return hidden
-
-    def rope(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """(cos, sin) per layer kind, each table computed once per forward."""
-        tables = {FULL: self.rotary_emb(positions)}
-        tables[SLIDING] = tables[FULL] if self.local_rotary_emb is None else self.local_rotary_emb(positions)
-        return tables
+        self.rotary_emb = RotaryEmbedding(spec)
+        if SLIDING in spec.rope_kinds:  # sliding layers' own frequencies (Gemma 3's local base)
+            self.rotary_emb_local = RotaryEmbedding(spec, SLIDING)
 
     def forward(
         self,
@@ -103,15 +99,19 @@ class Model(nn.Module):
         last_only: bool = False,
         trace: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """`masks`: layer kind -> [B, T, S] bool (`layer_masks`)."""
-        hidden = self.embed(input_ids)  # [B, T, H]
+        """masks: `attention_masks(spec, ...)`, one per layer type."""
+        hidden = self.embed_tokens(input_ids)  # [B, T, H]
+        if self.spec.embedding_scale:  # Gemma: sqrt(H) as float32, rounded to the activation dtype, then multiplied
+            hidden = hidden * embedding_scale(self.spec, hidden.dtype)
         if trace is not None:
             trace["embed"] = hidden
-        tables = self.rope(positions)
+        ropes = {FULL: self.rotary_emb(positions)}  # (cos, sin) per layer type with its own frequencies
+        if SLIDING in self.spec.rope_kinds:
+            ropes[SLIDING] = self.rotary_emb_local(positions)
         residual = None
         for i, layer in enumerate(self.layers):
             kind = self.spec.layer_type(i)
-            cos, sin = tables[kind]
+            cos, sin = ropes.get(kind, ropes[FULL])
             hidden, residual = layer(hidden, residual, cos, sin, masks[kind], cache, trace)
         if last_only:  # the norm and head are per position: only the last one is needed
             hidden = hidden[:, -1:]  # [B, 1, H]
@@ -169,7 +169,7 @@ class CausalLM(nn.Module):
             positions = default_positions(key_valid, past, t)
         else:  # numpy or torch, any integer dtype; each inside the RoPE range (spec/inputs.py)
             positions = torch.as_tensor(check_positions(positions, self.spec, b, t), device=device)
-        masks = layer_masks(self.spec, key_valid, past, t)
+        masks = attention_masks(self.spec, key_valid, past, t)
         hidden = self.model(ids, positions, masks, cache, last_only, trace)
         if cache is not None:
             cache.advance(t)

@@ -1,4 +1,5 @@
-"""decoder-parity's PyTorch backend: Qwen3 / Qwen2 / Llama decoders from one `spec.ModelSpec`.
+"""decoder-parity's PyTorch backend: every family spec/families.py reads (Qwen3, Qwen2, Llama, Mistral, Gemma 2,
+Gemma 3 text, OLMo 2, GPT-NeoX) from one `spec.ModelSpec`.
 
 Twin of `jax_impl` (same file, class and attribute names). Imports torch and never JAX.
 """

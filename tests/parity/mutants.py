@@ -31,7 +31,9 @@ class Mutant:
     expect: str  # the component the report must name first
     why: str
     inject: Callable[[pytest.MonkeyPatch], None]
-    checkpoint: str = "default"  # "default" or "large_eps" (see tests/parity/conftest.py)
+    # "default" or "large_eps" (tests/parity/conftest.py), or a FAMILY_CONFIGS name (tests/hf_models.py)
+    checkpoint: str = "default"
+    dtype: str = "float32"  # bfloat16 for the bugs that only exist where the activation dtype rounds
 
     @property
     def jax(self) -> bool:
@@ -155,6 +157,128 @@ def _causal_mask_off_by_one(key_valid, q_start, q_len):
     return (k_slot[None, :] <= q_slot[:, None] + 1)[None] & key_valid[:, None, :]  # sees one future token
 
 
+# ---- issue 15: the model families' porting bugs -----------------------------------------------------------
+def _norm_options(*, offset: bool = True, float32_weight: bool = True) -> Callable:
+    """The framework's add_rms_norm reference with one of the family options dropped at every call."""
+
+    def wrap(original):
+        def norm(x, residual, weight, eps, **options):
+            if not offset:
+                options.pop("offset", None)  # Gemma's (1 + w) applied as w
+            if not float32_weight:
+                options.pop("float32_weight", None)  # the weight multiply after the cast, in the activation dtype
+            return original(x, residual, weight, eps, **options)
+
+        return norm
+
+    return wrap
+
+
+def _patch_norm(framework: ModuleType, **dropped: bool) -> Callable[[pytest.MonkeyPatch], None]:
+    return lambda mp: mp.setattr(
+        framework, "add_rms_norm_reference", _norm_options(**dropped)(framework.add_rms_norm_reference)
+    )
+
+
+def _embedding_scale_float32(spec, dtype):
+    """sqrt(hidden) as a Python float: torch multiplies a bf16 tensor by it in float32 (55.4256, not bf16's 55.5
+    at H = 3072) and rounds the product once."""
+    return spec.hidden_size**0.5
+
+
+def _gelu_erf_and_mul_jax(x):
+    import jax
+    import jax.numpy as jnp
+
+    gate, up = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return (jax.nn.gelu(gate, approximate=False) * up).astype(x.dtype)  # exact erf where Gemma's is tanh
+
+
+def _attend_without_softcap(mp: pytest.MonkeyPatch) -> None:
+    original = torch_impl.attention.attend
+
+    def attend(q, k, v, mask, scale, softcap=None):
+        return original(q, k, v, mask, scale)  # attn_logit_softcapping read from the config but never applied
+
+    mp.setattr(torch_impl.attention, "attend", attend)
+
+
+def _window_off_by_one_jax(mp: pytest.MonkeyPatch) -> None:
+    original = jax_impl.model.causal_mask
+
+    def causal_mask(key_valid, q_start, q_len, window=None):
+        # k >= q - window instead of k > q - window: each query sees window + 1 keys
+        return original(key_valid, q_start, q_len, None if window is None else window + 1)
+
+    mp.setattr(jax_impl.model, "causal_mask", causal_mask)
+
+
+def _local_rope_scaled(model) -> None:
+    """Gemma 3: the global layers' RoPE scaling (linear, factor 8) applied to the sliding layers' table too."""
+    import torch
+
+    from spec import rope_inv_freq
+
+    s = model.spec
+    scaled = rope_inv_freq(s.rotary_dim, s.local_rope_theta, s.rope_scaling)
+    model.model.rotary_emb_local.inv_freq = torch.from_numpy(scaled)
+
+
+def _olmo2_qk_norm_per_head(mp: pytest.MonkeyPatch) -> None:
+    """OLMo 2's q/k norm taken over each head's d (Qwen3's scope) with the projection-wide weight viewed [n, d]."""
+    import torch
+
+    def per_head(norm, x, heads):
+        b, t, _ = x.shape
+        xf = x.float().view(b, t, heads, -1)  # [B, T, n, d]
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.eps)
+        return (normed * norm.weight.float().view(heads, -1)).to(x.dtype).view(b, t, -1)
+
+    def project(self, x):
+        b, t, _ = x.shape
+        n, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = per_head(self.q_norm, q, n), per_head(self.k_norm, k, n_kv)
+        return q.view(b, t, n, d), k.view(b, t, n_kv, d), v.view(b, t, n_kv, d)
+
+    mp.setattr(torch_impl.attention.Attention, "_project", project)
+
+
+def _parallel_residual_sequential(mp: pytest.MonkeyPatch) -> None:
+    """GPT-NeoX with use_parallel_residual=True run as the sequential layer: the MLP's norm reads x + attn."""
+
+    def forward(self, hidden, residual, cos, sin, mask, cache=None, trace=None):
+        name = f"layers.{self.layer_idx}"
+        attn_in = self.input_layernorm(hidden)
+        attn = self.self_attn(attn_in, cos, sin, mask, cache, trace)
+        x1 = hidden + attn
+        mlp_in = self.post_attention_layernorm(x1)
+        mlp = self.mlp(mlp_in, trace)
+        x2 = x1 + mlp
+        if trace is not None:
+            trace.update({f"{name}.input_norm": attn_in, f"{name}.attn_out": attn})
+            trace.update({f"{name}.post_attn_norm": mlp_in, f"{name}.mlp_out": mlp, f"{name}.x2": x2})
+        return x2, None
+
+    mp.setattr(torch_impl.decoder_layer_plain.ParallelDecoderLayer, "forward", forward)
+
+
+def _rotary_full_head_jax(mp: pytest.MonkeyPatch) -> None:
+    """GPT-NeoX's rotary_pct ignored: frequencies over the whole head_dim, so apply_rotary rotates every dim."""
+    import jax.numpy as jnp
+
+    from spec import rope_inv_freq
+
+    def rope(self, positions):
+        s = self.spec
+        inv_freq = jnp.asarray(rope_inv_freq(s.head_dim, s.rope_theta, s.rope_scaling))  # [d/2], not [r/2]
+        freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+        angles = jnp.concatenate((freqs, freqs), axis=-1)
+        return jnp.cos(angles), jnp.sin(angles)
+
+    mp.setattr(jax_impl.rotary_embedding.RotaryEmbedding, "__call__", rope)
+
+
 # ---- the table ------------------------------------------------------------------------------------------
 MUTANTS: list[Mutant] = [
     Mutant(
@@ -247,5 +371,95 @@ MUTANTS: list[Mutant] = [
         "layers.0.attn.q",
         "theta 1e6 replaced by 10000 changes every rotation at positions > 0; q is traced after RoPE",
         lambda mp: _patch_loaded(mp, torch_impl, _rope_theta_ignored),
+    ),
+    # ---- issue 15: the model families (transformers-written checkpoints, tests/hf_models.py FAMILY_CONFIGS) ----
+    Mutant(
+        "norm_offset_dropped",
+        "jax",
+        "layers.0.input_norm",
+        "Gemma's RMSNorm scales by (1 + w); written as w it scales by ~0.1. The input norm is the first op after "
+        "the (bit-identical) scaled embedding",
+        _patch_norm(pallas_ref, offset=False),
+        checkpoint="gemma2_sandwich",
+    ),
+    Mutant(
+        "embedding_scale_not_rounded",
+        "torch",
+        "embed",
+        "bfloat16 only (in float32 the factor is float32 in both): sqrt(48) = 6.928 multiplied in float32 instead "
+        "of bf16's 6.9375, a 0.13% change (~1/3 ulp) that flips the rounding of a quarter of the elements; the "
+        "embedding is a gather and one multiply by a dtype constant, bit-identical in two correct backends",
+        lambda mp: mp.setattr(torch_impl.model, "embedding_scale", _embedding_scale_float32),
+        checkpoint="gemma2_sandwich",
+        dtype="bfloat16",
+    ),
+    Mutant(
+        "gelu_erf_instead_of_tanh",
+        "jax",
+        "layers.0.mlp.act",
+        "Gemma's GeGLU uses the tanh approximation; exact erf differs by up to ~1e-3 at |x| ~ 2; gate_up is still "
+        "right",
+        lambda mp: mp.setattr(pallas_ref, "gelu_tanh_and_mul_reference", _gelu_erf_and_mul_jax),
+        checkpoint="gemma2_sandwich",
+    ),
+    Mutant(
+        "attn_softcap_dropped",
+        "torch",
+        "layers.0.attn_out",
+        "the cap (4.0) acts on the scores inside attention; q and k are traced before it",
+        _attend_without_softcap,
+        checkpoint="gemma2_sandwich",
+    ),
+    Mutant(
+        "final_softcap_dropped",
+        "torch",
+        "logits",
+        "the head's output (traced as `head`) is unchanged; only the cap (6.0) after it is missing",
+        lambda mp: mp.setattr(torch_impl.model, "final_softcap", lambda logits, cap: logits),
+        checkpoint="gemma2_sandwich",
+    ),
+    Mutant(
+        "sliding_window_off_by_one",
+        "jax",
+        "layers.0.attn_out",
+        "layer 0 slides (window 6); with 19 tokens every query past the 6th sees one key too many; the mask does "
+        "not touch q or k",
+        _window_off_by_one_jax,
+        checkpoint="gemma2_sandwich",
+    ),
+    Mutant(
+        "rope_scaling_on_local_layers",
+        "torch",
+        "layers.0.attn.q",
+        "Gemma 3's layer 0 is a sliding layer: its RoPE (base 1e4, unscaled) divided by the global layers' linear "
+        "factor 8 changes every rotation at positions > 0; q is traced after RoPE",
+        lambda mp: _patch_loaded(mp, torch_impl, _local_rope_scaled),
+        checkpoint="gemma3_local_global",
+    ),
+    Mutant(
+        "olmo2_qk_norm_per_head",
+        "torch",
+        "layers.0.attn.q",
+        "OLMo 2 normalizes q over the whole projection (n * d), not over each head's d; q is normed before it is "
+        "rotated and traced, and a post-norm layer has no input norm before it",
+        _olmo2_qk_norm_per_head,
+        checkpoint="olmo2_post",
+    ),
+    Mutant(
+        "parallel_residual_sequential",
+        "torch",
+        "layers.0.post_attn_norm",
+        "the MLP's norm reads x + attn(ln1(x)) instead of x; the input norm and the attention before it are intact",
+        _parallel_residual_sequential,
+        checkpoint="neox_parallel",
+    ),
+    Mutant(
+        "partial_rotary_on_full_head",
+        "jax",
+        "layers.0.attn.q",
+        "rotary_pct 0.5: only 6 of the 12 dims of a head rotate; rotating all 12 (with frequencies over 12) "
+        "changes q at positions > 0; q is traced after RoPE",
+        _rotary_full_head_jax,
+        checkpoint="neox_parallel",
     ),
 ]

@@ -1,7 +1,9 @@
 """Mutation tests: every catalogued bug, injected into one backend, must fail the check at its component.
 
 The catalogue is tests/parity/mutants.py (test-only; nothing there is reachable from the product). Runs in
-float32 on the built-in default checkpoint (the eps mutant on one with rms_norm_eps = 0.1), batch 2, 8 tokens.
+float32 on the built-in default checkpoint (the eps mutant on one with rms_norm_eps = 0.1), batch 2, 8 tokens;
+the model families' mutants (issue 15) on transformers-written FAMILY_CONFIGS checkpoints, batch 1, 19 tokens
+(longer than every sliding window), in float32 unless the bug only exists in bfloat16.
 """
 
 from __future__ import annotations
@@ -12,24 +14,33 @@ import pytest
 import parity
 from tests.parity.mutants import MUTANTS
 
-CHECK = dict(dtype="float32", seq_len=8, batch=2)
+CHECK = dict(seq_len=8, batch=2)
+FAMILY_CHECK = dict(seq_len=19, batch=1)  # 19 > every window in FAMILY_CONFIGS (at most 7)
 
 
-@pytest.mark.parametrize("name", sorted({m.checkpoint for m in MUTANTS}))
-def test_unmutated_checkpoints_pass(checkpoints, name):
-    """The harness is sound: without a mutant, every checkpoint the mutants use passes."""
-    report = parity.check(checkpoints[name], **CHECK)
+def run_check(checkpoints, hf_checkpoint, name: str, dtype: str):
+    """parity.check on a built-in checkpoint (tests/parity/conftest.py) or a transformers-written family one."""
+    if name in checkpoints:
+        return parity.check(checkpoints[name], dtype=dtype, **CHECK)
+    # no float32 drift runs: they have no verdict, and the mutants are judged on torch vs jax alone
+    return parity.check(hf_checkpoint(name), dtype=dtype, baseline=False, **FAMILY_CHECK)
+
+
+@pytest.mark.parametrize(("name", "dtype"), sorted({(m.checkpoint, m.dtype) for m in MUTANTS}))
+def test_unmutated_checkpoints_pass(checkpoints, hf_checkpoint, name, dtype):
+    """The harness is sound: without a mutant, every checkpoint the mutants use passes at their dtype."""
+    report = run_check(checkpoints, hf_checkpoint, name, dtype)
     assert report.passed, report.verdict_line()
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
-def test_mutant_is_killed_and_localized(checkpoints, mutant):
+def test_mutant_is_killed_and_localized(checkpoints, hf_checkpoint, mutant):
     with pytest.MonkeyPatch.context() as mp:
         mutant.inject(mp)
         if mutant.jax:
             jax.clear_caches()  # the jitted forward would otherwise reuse the unmutated program
         try:
-            report = parity.check(checkpoints[mutant.checkpoint], **CHECK)
+            report = run_check(checkpoints, hf_checkpoint, mutant.checkpoint, mutant.dtype)
         finally:
             if mutant.jax:
                 jax.clear_caches()
@@ -57,6 +68,17 @@ def test_catalogue_covers_the_issue():
         "qk_norm_skipped",
         "causal_mask_off_by_one",
         "rope_theta_ignored",
+        # issue 15
+        "norm_offset_dropped",
+        "embedding_scale_not_rounded",
+        "gelu_erf_instead_of_tanh",
+        "attn_softcap_dropped",
+        "final_softcap_dropped",
+        "sliding_window_off_by_one",
+        "rope_scaling_on_local_layers",
+        "olmo2_qk_norm_per_head",
+        "parallel_residual_sequential",
+        "partial_rotary_on_full_head",
     }
     assert required <= names
     assert sum(m.jax for m in MUTANTS) >= 2 and sum(not m.jax for m in MUTANTS) >= 2

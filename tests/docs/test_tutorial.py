@@ -99,13 +99,67 @@ def parse_blocks(text: str) -> list[Block]:
     return blocks
 
 
+# ---- sections ----------------------------------------------------------------------------------------------
+SECTION = re.compile(r"^## (\d+)\. ")
+
+
+def section_ranges(text: str) -> dict[int, tuple[int, int]]:
+    """Section number -> (first line, last line), 1-based, from the `## N. Title` headings."""
+    starts = [(int(m.group(1)), k) for k, line in enumerate(text.splitlines(), start=1) if (m := SECTION.match(line))]
+    total = len(text.splitlines())
+    return {n: (start, (starts[j + 1][1] - 1) if j + 1 < len(starts) else total) for j, (n, start) in enumerate(starts)}
+
+
+def section_of(line: int, ranges: dict[int, tuple[int, int]]) -> int | None:
+    return next((n for n, (first, last) in ranges.items() if first <= line <= last), None)
+
+
+def _bound_and_used(code: str) -> tuple[set[str], set[str]]:
+    bound, used = set(), set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Name):
+            (used if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound, used
+
+
+def undefined_names(text: str) -> dict[int, set[str]]:
+    """Per section: the names its python blocks read that neither section 0 nor the section itself defines
+    (what a reader who runs section 0 and then jumps to that section would get a NameError for)."""
+    import builtins
+
+    ranges = section_ranges(text)
+    per_section: dict[int, tuple[set[str], set[str]]] = {}
+    for block in parse_blocks(text):
+        if block.lang == "python":
+            bound, used = _bound_and_used(block.code)
+            b, u = per_section.setdefault(section_of(block.line, ranges), (set(), set()))
+            b |= bound
+            u |= used
+    setup = per_section.get(0, (set(), set()))[0] | set(dir(builtins))
+    return {n: used - bound - setup for n, (bound, used) in per_section.items() if n and used - bound - setup}
+
+
 # ---- running (in a subprocess: `python tests/docs/test_tutorial.py --json OUT`) ------------------------------
-def run_blocks(path: Path) -> list[dict]:
-    """Execute the python blocks in one namespace; per block: its line, stdout, seconds, and error (or None)."""
+def run_blocks(path: Path, sections: set[int] | None = None) -> list[dict]:
+    """Execute the python blocks in one namespace; per block: its line, stdout, seconds, and error (or None).
+
+    `sections`: only section 0's blocks and those of these sections (a reader who jumps to a section)."""
     namespace: dict = {"__name__": "__tutorial__"}
     results = []
-    for block in parse_blocks(path.read_text()):
+    text = path.read_text()
+    ranges = section_ranges(text)
+    for block in parse_blocks(text):
         if block.lang != "python":
+            continue
+        if sections is not None and section_of(block.line, ranges) not in {0, *sections}:
             continue
         # Pad with newlines so that tracebacks name the tutorial's own line numbers.
         code = compile("\n" * block.line + block.code, str(path.relative_to(REPO)), "exec")
@@ -401,7 +455,7 @@ def mapping_table_problems(text: str) -> list[str]:
 
 
 # ---- the tests -------------------------------------------------------------------------------------------------
-def _run_tutorial(path: Path, cache_dir: str) -> list[dict]:
+def _run_tutorial(path: Path, cache_dir: str, sections: set[int] | None = None) -> list[dict]:
     path_entries = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {
         **os.environ,
@@ -412,7 +466,8 @@ def _run_tutorial(path: Path, cache_dir: str) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.json"
         proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--json", str(out), str(path)],
+            [sys.executable, str(Path(__file__).resolve()), "--json", str(out), str(path)]
+            + ([f"--sections={','.join(map(str, sorted(sections)))}"] if sections is not None else []),
             cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
         )  # fmt: skip
         if not out.is_file():
@@ -596,12 +651,13 @@ def main(argv: list[str]) -> int:
     if json_out:
         args.remove(json_out)
     path = Path(args[0]).resolve() if args else TUTORIAL
-    results = run_blocks(path)
+    only = next((a.partition("=")[2] for a in argv if a.startswith("--sections=")), None)
+    results = run_blocks(path, None if only is None else {int(n) for n in only.split(",")})
     if json_out:
         Path(json_out).write_text(json.dumps(results))
         return 0
     blocks = {b.line: b for b in parse_blocks(path.read_text()) if b.lang == "python"}
-    for r in results:
+    for r in results:  # (--sections=10,12: section 0, then only those sections, as a reader jumping there)
         print(f"---- line {r['line']} ({r['seconds']:.1f}s)")
         print(r["stdout"], end="")
         if r["error"]:

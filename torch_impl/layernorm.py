@@ -10,6 +10,7 @@ has no kernel: both `kernels` choices run the reference math below.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -21,8 +22,10 @@ from spec import ModelSpec
 from torch_impl.tensor_parallel import sum_grad_over_ranks, sum_over_ranks
 
 
-def _fused_add_rms_norm(options: dict):
-    """The Triton add_rms_norm (imports triton: only on the fused path), refusing by name an option it lacks."""
+@functools.cache
+def _fused_add_rms_norm(options: tuple[str, ...]):
+    """The Triton add_rms_norm (imports triton: only on the fused path), refusing by name an option it lacks;
+    looked up once per set of options, not per call."""
     from kernels.triton import add_rms_norm
 
     missing = [name for name in options if name not in inspect.signature(add_rms_norm).parameters]
@@ -66,7 +69,7 @@ class RMSNorm(nn.Module):
                 raise AssertionError("a norm over rows sharded across ranks takes no residual")
             return self._sharded_rows(x, weight, row_group)
         if self.kernels == "fused":
-            return _fused_add_rms_norm(self.options)(x, residual, weight, self.eps, **self.options)
+            return _fused_add_rms_norm(tuple(self.options))(x, residual, weight, self.eps, **self.options)
         return reference.add_rms_norm_reference(x, residual, weight, self.eps, **self.options)
 
     def _sharded_rows(self, x: torch.Tensor, weight: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

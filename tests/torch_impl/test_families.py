@@ -1,7 +1,7 @@
 """torch_impl on every model family of issue 15 (tests/hf_models.py FAMILY_CONFIGS) against transformers' own
 classes: Mistral's sliding window, Gemma 2 (sandwich norms, (1 + w), GeGLU, soft-caps, scaled embedding),
 Gemma 3 text (local/global RoPE, per-head q/k norm), OLMo 2 (post-norm, projection q/k norm), GPT-NeoX (LayerNorm,
-parallel and sequential residual, fused qkv, partial rotary, biases).
+parallel and sequential residual, fused qkv, partial rotary, biases), and Qwen's sliding layers (a config built here).
 
 Checkpoints are written by transformers' `save_pretrained`; forwards go through parity.capture (transformers with
 eager attention). Ids are longer than every sliding window, and generation runs well past it. The tensor-parallel
@@ -19,7 +19,7 @@ import torch_impl
 from parity.capture import capture
 from spec import ModelSpec
 from tests.backends import rel_err
-from tests.hf_models import FAMILY_CONFIGS
+from tests.hf_models import ALL_CONFIGS, FAMILY_CONFIGS, save_hf_checkpoint
 
 pytest.importorskip("transformers")
 
@@ -156,6 +156,37 @@ def test_loss_and_gradients_match_transformers(name, hf_checkpoint):
     assert set(grads) == set(ref)
     for key in ref:
         assert rel_err(grads[key], ref[key]) <= 1e-5 * np.sqrt(3), key
+
+
+# Qwen's sliding layers: use_sliding_window with max_window_layers 1, so layer 0 is full and layers 1-2 slide
+QWEN_SLIDING_LAYERS = dict(
+    model_type="qwen3",
+    vocab_size=199,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=12,
+    use_sliding_window=True,
+    sliding_window=5,
+    max_window_layers=1,
+    rope_theta=10_000.0,
+    tie_word_embeddings=False,
+    max_position_embeddings=256,
+)
+
+
+def test_qwen_sliding_layers_match_transformers(tmp_path, monkeypatch):
+    monkeypatch.setitem(ALL_CONFIGS, "qwen3_sliding_layers", QWEN_SLIDING_LAYERS)  # built by tests/hf_models.py
+    directory = save_hf_checkpoint("qwen3_sliding_layers", tmp_path)
+    assert ModelSpec.from_pretrained(directory).layer_types == ("full_attention",) + ("sliding_attention",) * 2
+    ids = np.random.default_rng(0).integers(0, 199, (2, 21))
+    hf = capture("hf", directory, ids, dtype="float32").trace
+    assert rel_err(capture("torch", directory, ids, dtype="float32").trace["logits"], hf["logits"]) <= FP32_REL
+    ref, _ = hf_greedy(directory, ids[:1, :9], np.ones((1, 9), np.int64), NEW_TOKENS)
+    tokens = torch_impl.generate(torch_impl.from_pretrained(directory), ids[:1, :9], NEW_TOKENS, eos_token_ids=())
+    assert tokens.tokens[0] == ref[0].tolist()
 
 
 # ---- tensor parallelism -------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from jax_impl.embedding import HIGHEST, Embedding
 from jax_impl.layernorm import make_norm
 from jax_impl.linear import Linear
 from jax_impl.loader import _FLAX_ATTR, DTYPES
-from jax_impl.model import causal_mask, default_positions
+from jax_impl.model import causal_mask, default_positions, embedding_scale, final_softcap
 from jax_impl.rotary_embedding import RotaryEmbedding
 from kernels import resolve_kernels
 from spec import Checkpoint, InputError, ModelSpec, check_token_ids, dtype_name, runtime_params
@@ -70,11 +70,11 @@ def _layer_program(
     return hidden, residual, trace
 
 
-@partial(jax.jit, static_argnames=("graphdef", "scale"))
-def _embed_program(graphdef: nnx.GraphDef, state: nnx.State, inverse: jax.Array, scale: bool) -> jax.Array:
+@partial(jax.jit, static_argnames=("graphdef", "spec"))
+def _embed_program(graphdef: nnx.GraphDef, state: nnx.State, inverse: jax.Array, spec: ModelSpec) -> jax.Array:
     hidden = nnx.merge(graphdef, state)(inverse)  # [B, T, H]
-    if scale:  # Gemma: sqrt(H) as float32, rounded to the activation dtype, as jax_impl/model.py
-        hidden = hidden * jnp.asarray(np.float32(hidden.shape[-1] ** 0.5), hidden.dtype)
+    if spec.embedding_scale:  # Gemma, as jax_impl/model.py
+        hidden = hidden * embedding_scale(spec, hidden.dtype)
     return hidden
 
 
@@ -90,10 +90,7 @@ def _head_program(graphdef: nnx.GraphDef, state: nnx.State, x: jax.Array) -> jax
     return head.attend(x) if isinstance(head, Embedding) else head(x)  # tied: x @ E^T, as CausalLM.logits
 
 
-@partial(jax.jit, static_argnames=("cap",))
-def _softcap_program(logits: jax.Array, cap: float) -> jax.Array:
-    """Gemma 2's final soft-cap, as CausalLM.logits: cap * tanh(logits / cap) in float32, then the logits' dtype."""
-    return (cap * jnp.tanh(logits.astype(jnp.float32) / cap)).astype(logits.dtype)
+_softcap_program = jax.jit(final_softcap, static_argnames=("cap",))  # as CausalLM.logits, after the whole head
 
 
 def _place(array: np.ndarray, dtype: jnp.dtype, transpose: bool) -> jax.Array:
@@ -169,7 +166,7 @@ class Layerwise:
             [("", "weight", EMBEDDING, rows)],
         )
         inverse = jnp.asarray(inverse, jnp.int32)
-        hidden = self._run(_embed_program, graphdef, state, inverse, self.spec.embedding_scale)  # [B, T, H]
+        hidden = self._run(_embed_program, graphdef, state, inverse, self.spec)  # [B, T, H]
         self._embedded = True
         if trace is not None:
             trace["embed"] = hidden

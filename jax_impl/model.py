@@ -65,6 +65,16 @@ def default_positions(key_valid: jax.Array, q_start: jax.Array | int, q_len: int
     return jax.lax.dynamic_slice_in_dim(positions, q_start, q_len, axis=1)  # [B, T]
 
 
+def embedding_scale(spec: ModelSpec, dtype: jnp.dtype) -> jax.Array:
+    """Gemma's embedding factor: sqrt(hidden) as float32, rounded to the activation dtype (as transformers)."""
+    return jnp.asarray(np.float32(spec.hidden_size**0.5), dtype)
+
+
+def final_softcap(logits: jax.Array, cap: float) -> jax.Array:
+    """Gemma 2's final soft-cap: cap * tanh(logits / cap) in float32, then the logits' dtype."""
+    return (jnp.tanh(logits.astype(jnp.float32) / cap) * cap).astype(logits.dtype)
+
+
 class Model(nnx.Module):
     def __init__(self, spec: ModelSpec, *, dtype: jnp.dtype, kernels: str = "reference", tp: int = 1, rngs: nnx.Rngs):
         self.spec = layout = ShardLayout(spec, tp).global_spec  # every rank's heads, features and vocabulary rows
@@ -92,7 +102,7 @@ class Model(nnx.Module):
         """masks: `attention_masks(spec, ...)`, one per layer type."""
         hidden = self.embed_tokens(input_ids)  # [B, T, H]
         if self.spec.embedding_scale:  # Gemma: sqrt(H) as float32, rounded to the activation dtype, then multiplied
-            hidden = hidden * jnp.asarray(np.float32(self.spec.hidden_size**0.5), hidden.dtype)
+            hidden = hidden * embedding_scale(self.spec, hidden.dtype)
         if trace is not None:
             trace["embed"] = hidden
         ropes = {FULL: self.rotary_emb(positions)}  # (cos, sin) per layer type with its own frequencies
@@ -165,7 +175,7 @@ class CausalLM(nnx.Module):
         if cap is not None:  # Gemma 2: cap * tanh(logits / cap) in float32, then the logits' dtype
             if trace is not None:
                 trace["head"] = logits
-            logits = (cap * jnp.tanh(logits.astype(jnp.float32) / cap)).astype(logits.dtype)
+            logits = final_softcap(logits, cap)
         if self.layout.padded_vocab != self.spec.vocab_size:  # padding rows of a sharded vocabulary: never chosen
             logits = mask_padding(logits, 0, self.spec.vocab_size)
         if trace is not None:

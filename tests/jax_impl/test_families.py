@@ -99,6 +99,29 @@ def test_greedy_past_the_window_matches_transformers(name, hf_checkpoint):
             break
 
 
+@pytest.mark.parametrize("name", ["mistral_window", "gemma3_local_global"])
+def test_left_padded_batch_generation_matches_transformers(name, hf_checkpoint):
+    """Two prompts of different lengths, left-padded: padding counts as window slots on both sides."""
+    import torch
+    import transformers
+
+    import jax_impl
+
+    directory = hf_checkpoint(name)
+    ids = np.random.default_rng(5).integers(1, FAMILY_CONFIGS[name]["vocab_size"], (2, 11))
+    mask = np.ones_like(ids)
+    mask[1, :4], ids[1, :4] = 0, 0  # row 1: 7 tokens after 4 padding slots
+    ours = jax_impl.generate(load("jax", directory), ids, 16, attention_mask=mask, eos_token_ids=()).tokens
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    out = hf.generate(
+        torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), max_new_tokens=16, do_sample=False,
+        eos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+    assert ours == out[:, ids.shape[1] :].tolist()
+
+
 @pytest.mark.parametrize("name", ["gemma2_sandwich", "mistral_window", "olmo2_post", "neox_parallel"])
 def test_fused_path_matches_reference(name, hf_checkpoint):
     """kernels='fused' (Pallas interpreted on CPU) against the reference; a kernel not written yet is named."""
@@ -178,7 +201,8 @@ def test_fused_qkv_with_projection_norm_is_refused():
 
 
 # Tensor parallelism (tp 2 on simulated CPU devices, in a subprocess: the device count is set before JAX starts):
-# per family, the sharded forward's logits against the unsharded model's, and greedy tokens past the window.
+# per family, the sharded forward's logits against the unsharded model's, greedy tokens past the window, and the
+# loss and gradients (the bound at the deepest config, L = 4).
 TP_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -186,11 +210,12 @@ TP_SCRIPT = textwrap.dedent(
     prepare_environment(tp=2)
     import numpy as np
     import jax_impl
-    from jax_impl import tensor_parallel
+    from jax_impl import tensor_parallel, training
     from jax_impl.vocab_parallel import gather_logits
     out = {}
     mesh = tensor_parallel.make_mesh(2)
-    for directory in sys.argv[1:]:
+    for name_dir in sys.argv[1:]:
+        name, directory = name_dir.split("=", 1)
         ref = jax_impl.from_pretrained(directory)
         model = jax_impl.from_pretrained(directory, mesh=mesh)
         ids = np.random.default_rng(0).integers(0, ref.spec.vocab_size, (2, 21))
@@ -199,9 +224,13 @@ TP_SCRIPT = textwrap.dedent(
         prompt = ids[:1, :9]
         alone = jax_impl.generate(ref, prompt, 20, eos_token_ids=()).tokens
         split = jax_impl.generate(model, prompt, 20, eos_token_ids=(), mesh=mesh).tokens
-        out[ref.spec.model_type + str(ref.spec.parallel_residual)] = {
+        loss, grads = training.loss_and_grads(model, ids)
+        ref_loss, ref_grads = training.loss_and_grads(ref, ids)
+        out[name] = {
             "rel_err": float(np.abs(sharded - full).max() / np.abs(full).max()),
             "greedy_identical": alone == split,
+            "loss_rel": abs(loss - ref_loss) / ref_loss,
+            "grad_rel": max(float(np.abs(grads[k] - ref_grads[k]).max() / np.abs(ref_grads[k]).max()) for k in grads),
         }
     print(json.dumps(out))
     """
@@ -209,7 +238,7 @@ TP_SCRIPT = textwrap.dedent(
 
 
 def test_tensor_parallel_tp2_every_family(hf_checkpoint):
-    directories = [str(hf_checkpoint(name)) for name in FAMILIES]
+    directories = [f"{name}={hf_checkpoint(name)}" for name in FAMILIES]
     result = subprocess.run(
         [sys.executable, "-c", TP_SCRIPT, *directories],
         capture_output=True, text=True, timeout=900, cwd=Path(__file__).parents[2],
@@ -217,7 +246,8 @@ def test_tensor_parallel_tp2_every_family(hf_checkpoint):
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     print(f"tp 2: {out}")
-    assert len(out) == len(FAMILIES)
+    assert sorted(out) == sorted(FAMILIES)
     for family, measured in out.items():
         assert measured["rel_err"] <= FP32_REL, family
         assert measured["greedy_identical"], family
+        assert measured["loss_rel"] <= 1e-6 and measured["grad_rel"] <= GRAD_REL * (1 + 4) ** 0.5, family

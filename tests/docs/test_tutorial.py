@@ -18,11 +18,15 @@
 - Mapping tables (header `| formula | torch_impl | jax_impl | kernel | checkpoint tensor |`): each row names
   code in both frameworks' columns, and no column names the other framework's code.
 - Checkpoint tensor names (`model.layers.{i}.mlp.gate_proj.weight`, ...) must be rows of spec.param_table for
-  the default spec (a few, listed in VARIANT_ONLY, for the untied / q-k-v-bias variant of it); parity component
-  names (`layers.{i}.mlp.act`, `final_norm`, ...) must be in parity.component_order.
+  the default spec (a few, listed in VARIANT_ONLY, for the untied / q-k-v-bias variant of it) or for one of the
+  family checkpoints of tests/hf_models.py (sections 10 to 14); parity component names (`layers.{i}.mlp.act`,
+  `final_norm`, ...) must be components some family records (parity.forward_order).
+- Sections stand alone: every name a section's code reads is defined in section 0 or in that section, so a
+  reader can run section 0 and jump anywhere (`--sections=10,12` runs exactly that).
 
 Run `python tests/docs/test_tutorial.py` to execute the tutorial and print each block's output and any
-mismatch; `--update` rewrites the output blocks that no longer match (review the diff before committing).
+mismatch; `--sections=10,12` runs section 0 and then only those sections; `--update` rewrites the output
+blocks that no longer match (review the diff before committing).
 """
 
 from __future__ import annotations
@@ -350,7 +354,7 @@ def output_mismatch(expected: str, actual: str) -> str | None:
 # ---- references ----------------------------------------------------------------------------------------------
 REFERENCE = re.compile(r"`([\w./-]+\.py)::([\w.]+)`")
 BARE_PATH = re.compile(r"`((?:spec|torch_impl|jax_impl|kernels|parity|tests|docs|benchmarks)/[\w./-]*)`")
-TENSOR_NAME = re.compile(r"`((?:model|lm_head)\.[\w.{}]+\.(?:weight|bias))`")
+TENSOR_NAME = re.compile(r"`((?:model|lm_head|gpt_neox)\.[\w.{}]+\.(?:weight|bias))`")
 COMPONENT = re.compile(r"`((?:layers\.(?:\{i\}|\d+)\.[\w.]+)|embed|final_norm|logits)`")
 
 
@@ -511,6 +515,14 @@ def test_mapping_tables_put_code_in_the_right_columns():
     assert not problems, "\n".join(problems)
 
 
+def _family_specs() -> dict:
+    """The specs of tests/hf_models.py's family checkpoints (sections 10 to 14 name their tensors)."""
+    import spec
+    from tests.hf_models import FAMILY_CONFIGS, build_hf_model
+
+    return {name: spec.ModelSpec.from_hf_config(build_hf_model(name).config.to_dict()) for name in FAMILY_CONFIGS}
+
+
 def test_checkpoint_tensor_names_are_in_the_parameter_table():
     import spec
 
@@ -521,29 +533,42 @@ def test_checkpoint_tensor_names_are_in_the_parameter_table():
         return {e.name for e in spec.param_table(model_spec)}
 
     def expand(name: str) -> set[str]:
-        return {name.replace("{i}", str(i)) for i in range(default.num_hidden_layers)}
+        return {name.replace("{i}", str(i)) for i in range(2)}  # every test spec here has >= 2 layers
 
+    families = set().union(*(names(s) for s in _family_specs().values()))
     used = set(TENSOR_NAME.findall(TUTORIAL.read_text()))
     assert "model.embed_tokens.weight" in used and "model.layers.{i}.mlp.gate_proj.weight" in used
     problems = []
     for name in sorted(used):
-        table = names(variant) if name in VARIANT_ONLY else names(default)
+        # A name the default spec (or its untied/bias variant) lacks must be a family checkpoint's.
+        table = (names(variant) if name in VARIANT_ONLY else names(default)) | families
         if not expand(name) <= table:
-            problems.append(
-                f"{name!r} is not in spec.param_table of the {'variant' if name in VARIANT_ONLY else 'default'} spec"
-            )
+            problems.append(f"{name!r} is not in spec.param_table of the default spec, its variant, or a family's")
     assert not problems, "\n".join(problems)
 
 
 def test_parity_component_names_exist():
-    import parity
-    import spec
+    from parity.components import forward_order
 
-    order = set(parity.component_order(spec.DEFAULT_SPEC.num_hidden_layers))
+    order = set(forward_order(2))  # every component any family's layers record
     used = set(COMPONENT.findall(TUTORIAL.read_text()))
-    assert {"embed", "logits", "layers.{i}.x1"} <= used
+    assert {"embed", "logits", "layers.{i}.x1", "layers.{i}.attn_post_norm"} <= used
     unknown = sorted(n for n in used if not {n.replace("{i}", str(i)) for i in range(2)} <= order)
     assert not unknown, f"not parity components: {unknown}"
+
+
+def test_every_section_defines_what_it_uses():
+    # A reader may run section 0 and jump to any section: every name a section's code reads must be defined in
+    # section 0 or in that section (statically: names, not values; run one with --sections=N to see it work).
+    assert not undefined_names(TUTORIAL.read_text())
+    assert undefined_names("## 0. Set-up\n```python\nx = 1\n```\n## 1. A\n```python\nprint(x, y)\n```\n") == {1: {"y"}}
+
+
+def test_section_runner_selects_section_0_and_the_asked_sections():
+    text = "## 0. S\n```python\na = 1\n```\n## 1. A\n```python\nb = 2\n```\n## 2. B\n```python\nc = a\n```\n"
+    ranges = section_ranges(text)
+    assert ranges == {0: (1, 4), 1: (5, 8), 2: (9, 12)}
+    assert [section_of(b.line, ranges) for b in parse_blocks(text)] == [0, 1, 2]
 
 
 TABLE = """\

@@ -19,6 +19,29 @@ from spec import ModelSpec
 from spec.params import param_table
 from spec.training import AdamW, check_labels, decays
 
+# transformers 5 renames some tensors between the file and the module (a WeightRenaming applied at load and
+# reversed at save): in memory GPT-NeoX's head is `lm_head`, in the checkpoint `embed_out`.
+_IN_MEMORY_TO_CHECKPOINT = {"gpt_neox": {"lm_head.weight": "embed_out.weight"}}
+
+
+def checkpoint_named_parameters(model, model_spec: ModelSpec) -> dict:
+    """transformers' parameters by checkpoint name (spec/params.py), every one accounted for.
+
+    A tied head appears once (under the embedding's name). A parameter the table does not name is an error
+    here, not silently left out of the comparison or the optimizer."""
+    table = {e.name for e in param_table(model_spec)}
+    renames = _IN_MEMORY_TO_CHECKPOINT.get(model_spec.model_type, {})
+    named, unknown = {}, []
+    for name, param in model.named_parameters():
+        name = renames.get(name, name)
+        if name in table:
+            named[name] = param
+        else:
+            unknown.append(name)
+    if unknown:
+        raise AssertionError(f"transformers parameters the table does not name: {unknown}")
+    return named
+
 
 def _batch(model_spec: ModelSpec, ids: np.ndarray, labels, attention_mask):
     import torch
@@ -44,10 +67,8 @@ def hf_loss_and_grads(
     model = load_hf(checkpoint, dtype)
     out = model(**_batch(model_spec, ids, labels, attention_mask))
     out.loss.backward()
-    grads = {name: p.grad.float().numpy().copy() for name, p in model.named_parameters()}
-    if model_spec.tie_word_embeddings:  # one table: its gradient holds both uses already
-        grads.pop("lm_head.weight", None)
-    return float(out.loss.detach()), grads
+    named = checkpoint_named_parameters(model, model_spec)  # a tied head once: its gradient holds both uses
+    return float(out.loss.detach()), {name: p.grad.float().numpy().copy() for name, p in named.items()}
 
 
 class HFTrainer:
@@ -60,7 +81,7 @@ class HFTrainer:
         self.config = config
         self.model = load_hf(checkpoint, dtype)
         kinds = {e.name: e.kind for e in param_table(self.spec)}
-        self.named = {n: p for n, p in self.model.named_parameters() if n in kinds}  # a tied head appears once
+        self.named = checkpoint_named_parameters(self.model, self.spec)
         decay = [p for n, p in self.named.items() if decays(kinds[n])]
         rest = [p for n, p in self.named.items() if not decays(kinds[n])]
         groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]

@@ -67,6 +67,25 @@ def decays(kind: str) -> bool:
     return kind in (LINEAR, EMBEDDING)
 
 
+def shift_invariant_elements(spec: ModelSpec, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """Elements of checkpoint tensor `name` whose gradient is zero in exact arithmetic, or None.
+
+    The key bias: it adds q . b_k to every score of a query, the same constant over all the keys the query sees,
+    and softmax ignores a constant shift, so dL/db_k = 0 exactly. Computed, it is rounding noise, and Adam
+    divides noise by its own RMS: two correct implementations then move those elements by up to lr in either
+    direction. A step comparison leaves them out (parity/gradients.py) and says so.
+    """
+    if not spec.attention_bias:
+        return None
+    if name.endswith("self_attn.k_proj.bias"):
+        return np.ones(shape, bool)
+    if spec.fused_qkv and name.endswith("attention.query_key_value.bias"):
+        mask = np.zeros((spec.num_attention_heads, 3, spec.head_dim), bool)  # rows laid out [n, 3, d]
+        mask[:, 1] = True  # the key part of every head
+        return mask.reshape(shape)
+    return None
+
+
 def check_labels(
     labels: np.ndarray | None, ids: np.ndarray, spec: ModelSpec, attention_mask: np.ndarray | None = None
 ) -> np.ndarray:

@@ -76,3 +76,12 @@ def test_optimizer_settings_reach_both_backends(default_dir):
     config = AdamW(lr=3e-3, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.0, max_grad_norm=None)
     report = parity.check(default_dir, grad=True, steps=3, seq_len=8, batch=2, optimizer=config)
     assert report.passed, report.format()
+
+
+def test_renamed_head_is_compared_and_trained(hf_checkpoint):
+    """GPT-NeoX's head is `embed_out` in the file, `lm_head` in transformers' module: its gradient and its AdamW
+    steps must still be compared under the checkpoint's name (parity/hf_training.py)."""
+    report = parity.check(hf_checkpoint("neox_parallel"), grad=True, reference="hf", steps=2, seq_len=12, batch=2)
+    assert report.passed, report.format()
+    names = {r.name for c in report.comparisons for r in c.results}
+    assert "embed_out.weight" in names and "gpt_neox.layers.0.attention.query_key_value.bias" in names

@@ -125,6 +125,8 @@ class ModelSpec:
             raise ConfigError("norm_type 'layer' (LayerNorm) has no weight offset and no q/k norm here")
         if self.parallel_residual and self.norm_placement != "pre":
             raise ConfigError(f"parallel_residual with norm_placement {self.norm_placement!r} is not defined")
+        if self.fused_qkv and self.qk_norm:
+            raise ConfigError("fused_qkv with a q/k norm is not defined here (no family has both)")
         if self.fused_qkv and self.num_key_value_heads != self.num_attention_heads:
             raise ConfigError("fused_qkv (GPT-NeoX's per-head qkv layout) needs num_key_value_heads == num_heads")
         factor = self.partial_rotary_factor

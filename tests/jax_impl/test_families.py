@@ -124,15 +124,11 @@ def test_left_padded_batch_generation_matches_transformers(name, hf_checkpoint):
 
 @pytest.mark.parametrize("name", ["gemma2_sandwich", "mistral_window", "olmo2_post", "neox_parallel"])
 def test_fused_path_matches_reference(name, hf_checkpoint):
-    """kernels='fused' (Pallas interpreted on CPU) against the reference; a kernel not written yet is named."""
+    """kernels='fused' (Pallas interpreted on CPU) against the reference."""
     directory = hf_checkpoint(name)
     ids = ids_for(name, batch=1)
     ref = capture("jax", directory, ids, dtype="float32").trace["logits"]
-    try:
-        fused = capture("jax", directory, ids, dtype="float32", kernels="fused").trace["logits"]
-    except NotImplementedError as err:  # kernels/pallas lacks gelu_tanh_and_mul or the norm options
-        assert "kernels='fused'" in str(err)
-        pytest.skip(f"fused kernel missing: {err}")
+    fused = capture("jax", directory, ids, dtype="float32", kernels="fused").trace["logits"]
     print(f"{name}: fused vs reference rel error {rel_err(fused, ref):.3g}")
     assert rel_err(fused, ref) <= FP32_REL
 
@@ -186,18 +182,14 @@ def test_gradients_match_transformers(name, hf_checkpoint):
 
 
 def test_fused_qkv_with_projection_norm_is_refused():
-    """A combination the spec can state but no layer here computes is named, not approximated."""
-    import jax_impl
+    """A combination no family has and no layer here computes is refused by the spec, by name."""
     import spec
 
-    odd = dataclasses.replace(
-        spec.DEFAULT_SPEC, num_key_value_heads=spec.DEFAULT_SPEC.num_attention_heads, fused_qkv=True,
-        qk_norm=True, qk_norm_scope="projection",
-    )  # fmt: skip
-    from flax import nnx
-
-    with pytest.raises(NotImplementedError, match="fused_qkv with a q/k norm over the whole projection"):
-        jax_impl.CausalLM(odd, rngs=nnx.Rngs(0))
+    with pytest.raises(spec.ConfigError, match="fused_qkv with a q/k norm"):
+        dataclasses.replace(
+            spec.DEFAULT_SPEC, num_key_value_heads=spec.DEFAULT_SPEC.num_attention_heads, fused_qkv=True,
+            qk_norm=True, qk_norm_scope="projection",
+        )  # fmt: skip
 
 
 # Tensor parallelism (tp 2 on simulated CPU devices, in a subprocess: the device count is set before JAX starts):

@@ -7,7 +7,8 @@ heads shared by `num_kv_groups` consecutive query heads (query head h reads kv h
 repeat_interleave of the keys would give, done as a reshape of the queries); scores (scaled by
 spec.attention_scale, soft-capped in Gemma 2) and softmax in float32; output projection (bias in GPT-NeoX). The
 layer's sliding window arrives in its mask (jax_impl/model.py builds one per layer kind). An optional KV cache
-receives this step's keys and values and returns every cached slot (functionally).
+receives this step's keys and values and returns the slots to attend over (functionally): every one, or on
+a sliding layer its ring of the window's slots and this step's (kv_cache.py; the mask follows their slots).
 """
 
 from __future__ import annotations
@@ -120,6 +121,6 @@ class Attention(nnx.Module):
             trace[f"layers.{self.layer_idx}.attn.k"] = k
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 3, 1)  # [B, n_kv, T, d], [B, n_kv, d, T]
         if cache is not None:
-            cache, k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, S, d], [B, n_kv, d, S]: every slot
+            cache, k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, S, d], [B, n_kv, d, S]: every (or ring) + new
         out = attend(group_heads(q, n_kv), k, v, mask, self.scale, self.softcap)  # [B, T, n_kv, g, d]
         return self.o_proj(out.reshape(b, t, n * d)), cache  # [B, T, H]

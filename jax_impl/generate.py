@@ -62,9 +62,8 @@ def _prefill(graphdef, params: SamplingParams, state, cache: KVCache, ids, key_v
     """Prompt ids [B, T] -> (first token [B], its logits [B, V] f32, cache, finished [B])."""
     model: CausalLM = nnx.merge(graphdef, state)
     t = ids.shape[1]
-    logits, cache = model.logits(
-        ids, default_positions(key_valid, 0, t), attention_masks(model.spec, key_valid, 0, t), cache, True
-    )
+    masks = attention_masks(model.spec, key_valid, 0, t, cache)  # per layer type [B, T, S]
+    logits, cache = model.logits(ids, default_positions(key_valid, 0, t), masks, cache, True)
     logits = logits[:, -1].astype(jnp.float32)  # [B, V]
     token, finished = _next(logits, params, key, jnp.zeros(ids.shape[0], bool), eos, model.layout.tp)
     return token, logits, cache.advance(t), finished
@@ -75,7 +74,7 @@ def _decode_step(graphdef, params: SamplingParams, state, cache: KVCache, token,
     model: CausalLM = nnx.merge(graphdef, state)
     key_valid = key_valid.at[:, cache.length].set(True)  # [B, S_max]: this step's slot is a real token
     positions = default_positions(key_valid, cache.length, 1)  # [B, 1]
-    masks = attention_masks(model.spec, key_valid, cache.length, 1)  # per layer type [B, 1, S_max]
+    masks = attention_masks(model.spec, key_valid, cache.length, 1, cache)  # per layer type [B, 1, S]
     logits, cache = model.logits(token[:, None], positions, masks, cache, True)
     logits = logits[:, -1].astype(jnp.float32)
     token, finished = _next(logits, params, key, finished, eos, model.layout.tp)

@@ -1,6 +1,7 @@
 """The decoder (`Model`) and the causal LM with its (tied) head (`CausalLM`). Only composes layers.
 
-Mirrors torch_impl/model.py. Per forward, one attention mask per layer kind (full, sliding window) and one RoPE
+Mirrors torch_impl/model.py. Per forward, one attention mask per layer kind (full, sliding window; with a KV cache
+a sliding mask covers the ring's slots and this step's, kv_cache.py) and one RoPE
 table per kind with its own frequencies (spec.rope_kinds) are built once and handed to each layer; the embedding
 is scaled where the family does (Gemma), and the head's logits soft-capped (Gemma 2). `CausalLM.__call__`
 validates token ids at the boundary on the host, then runs one jit-compiled entry point (`forward`) on the split
@@ -38,25 +39,43 @@ if TYPE_CHECKING:
 Masks = dict[str, jax.Array]  # layer type (FULL, SLIDING) -> its attention mask [B, T, S]
 
 
-def causal_mask(key_valid: jax.Array, q_start: jax.Array | int, q_len: int, window: int | None = None) -> jax.Array:
-    """key_valid [B, S] bool; queries sit at slots q_start .. q_start + q_len - 1 -> mask [B, T, S].
+def causal_mask(
+    key_valid: jax.Array,
+    q_start: jax.Array | int,
+    q_len: int,
+    window: int | None = None,
+    k_slot: jax.Array | None = None,
+) -> jax.Array:
+    """key_valid [B, slots] bool; queries sit at slots q_start .. q_start + q_len - 1 -> mask [B, T, S].
 
-    With a `window` a query at slot q sees keys at slots q - window < k <= q (transformers'
-    sliding_window_overlay): slots, so left padding counts, as it does in transformers."""
+    Key j sits at slot j, or at k_slot[j] ([S] int, -1 = empty: a ring cache's `key_slots`). With a `window` a
+    query at slot q sees keys at slots q - window < k <= q (transformers' sliding_window_overlay): slots, so
+    left padding counts, as it does in transformers."""
     q_slot = q_start + jnp.arange(q_len)  # [T]
-    k_slot = jnp.arange(key_valid.shape[1])  # [S]
+    if k_slot is None:
+        k_slot, valid = jnp.arange(key_valid.shape[1]), key_valid  # [S], [B, S]
+    else:
+        valid = key_valid[:, jnp.maximum(k_slot, 0)] & (k_slot >= 0)  # [B, S]: padding looked up by absolute slot
     allowed = k_slot[None, :] <= q_slot[:, None]  # [T, S]
     if window is not None:
         allowed = allowed & (k_slot[None, :] > q_slot[:, None] - window)
-    return allowed[None] & key_valid[:, None, :]  # [B, T, S]
+    return allowed[None] & valid[:, None, :]  # [B, T, S]
 
 
-def attention_masks(spec: ModelSpec, key_valid: jax.Array, q_start: jax.Array | int, q_len: int) -> Masks:
-    """One mask per layer type the spec's layers use (full: causal; sliding: causal within the window)."""
+def attention_masks(
+    spec: ModelSpec, key_valid: jax.Array, q_start: jax.Array | int, q_len: int, cache: KVCache | None = None
+) -> Masks:
+    """One mask per layer type the spec's layers use (full: causal; sliding: causal within the window). With a
+    `cache`, a sliding layer's keys are its ring and this step's (kv_cache.py): the mask follows their slots."""
     kinds = sorted({spec.layer_type(i) for i in range(spec.num_hidden_layers)})
-    return {
-        kind: causal_mask(key_valid, q_start, q_len, spec.sliding_window if kind == SLIDING else None) for kind in kinds
-    }
+    masks = {}
+    for kind in kinds:
+        if kind == SLIDING:
+            k_slot = None if cache is None else cache.key_slots(q_len)
+            masks[kind] = causal_mask(key_valid, q_start, q_len, spec.sliding_window, k_slot)
+        else:
+            masks[kind] = causal_mask(key_valid, q_start, q_len)
+    return masks
 
 
 def default_positions(key_valid: jax.Array, q_start: jax.Array | int, q_len: int) -> jax.Array:

@@ -96,7 +96,8 @@ def sharded_steps(mesh: Mesh, steps: tuple[Callable, Callable], state: nnx.State
     leaves = jax.tree.leaves(state)
     kv = NamedSharding(mesh, P(DATA, MODEL, None, None))  # k, v [B, n_kv, ...]: every rank's kv heads
     scalar = NamedSharding(mesh, P())
-    cache_sh = type(cache)(tuple(kv for _ in cache.k), tuple(kv for _ in cache.v), scalar, scalar)
+    # k, v (a ring layer's too) by kv head; length, requested replicated; max_len, ring are static structure
+    cache_sh = jax.tree.map(lambda a: kv if a.ndim == 4 else scalar, cache)
     cache = jax.device_put(cache, cache_sh)
     prefill, decode = _compile(mesh, *steps, tuple(a.sharding for a in leaves), cache_sh)
     return prefill, decode, cache

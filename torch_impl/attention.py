@@ -7,7 +7,8 @@ before the view into heads (OLMo 2); rotate-half RoPE, full or partial; key/valu
 i.e. repeat_interleave, done as a reshape of the queries so the keys and values are never copied); scores
 scaled by spec.attention_scale, soft-capped (Gemma 2), softmax in float32; an o_proj bias (GPT-NeoX) added once.
 The layer's window comes in through its mask (the model builds one per layer kind). An optional KV cache
-receives this step's keys and values and returns every cached one.
+receives this step's keys and values and returns the ones to attend over: every cached one, or on a sliding
+layer its ring of the window's slots and this step's (kv_cache.py; the mask follows their slots).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class Attention(nn.Module):
             trace[f"layers.{self.layer_idx}.attn.k"] = k
         k, v = k.transpose(1, 2), v.permute(0, 2, 3, 1)  # [B, n_kv, T, d], [B, n_kv, d, T]
         if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, S, d], [B, n_kv, d, S]: every cached position
+            k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, S, d], [B, n_kv, d, S]: cached (or ring) + new
         out = attend(group_heads(q, self.num_kv_heads), k, v, mask, self.scale, self.softcap)  # [B, T, n_kv, g, d]
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))  # [B, T, H]
 

@@ -1,7 +1,8 @@
 """The decoder (`Model`) and the causal LM with its (tied) head (`CausalLM`). Only composes layers.
 
 Mirrors jax_impl/model.py. `CausalLM.forward` validates token ids at the boundary, builds positions and
-the causal/padding masks once (one per layer kind: full, and sliding where the spec has a window), runs the
+the causal/padding masks once (one per layer kind: full, and sliding where the spec has a window; with a KV
+cache a sliding mask covers the ring's slots and this step's, kv_cache.py), runs the
 layers in the dual-variable flow (or the plain flow of decoder_layer_plain.py), and applies the final norm
 (which consumes the last layer's increment), the head and the final soft-cap (Gemma 2). The embedding is
 scaled by sqrt(hidden) where the spec says so (Gemma); RoPE tables are made once per kind (Gemma 3's sliding
@@ -33,28 +34,43 @@ if TYPE_CHECKING:
     from torch_impl.kv_cache import KVCache
 
 
-def causal_mask(key_valid: torch.Tensor, q_start: int, q_len: int, window: int | None = None) -> torch.Tensor:
-    """key_valid [B, S] bool; queries sit at slots q_start .. q_start + q_len - 1 -> mask [B, T, S].
+def causal_mask(
+    key_valid: torch.Tensor,
+    q_start: int,
+    q_len: int,
+    window: int | None = None,
+    k_slot: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """key_valid [B, slots] bool; queries sit at slots q_start .. q_start + q_len - 1 -> mask [B, T, S].
 
-    With a `window` a query at slot q sees keys at slots q - window < k <= q (transformers'
-    sliding_window_overlay): slots, so left padding counts, as it does in transformers."""
+    Key j sits at slot j, or at k_slot[j] ([S] int, -1 = empty: a ring cache's `key_slots`). With a `window` a
+    query at slot q sees keys at slots q - window < k <= q (transformers' sliding_window_overlay): slots, so
+    left padding counts, as it does in transformers."""
     q_slot = q_start + torch.arange(q_len, device=key_valid.device)  # [T]
-    k_slot = torch.arange(key_valid.shape[1], device=key_valid.device)  # [S]
+    if k_slot is None:
+        k_slot, valid = torch.arange(key_valid.shape[1], device=key_valid.device), key_valid  # [S], [B, S]
+    else:
+        valid = key_valid[:, k_slot.clamp(min=0)] & (k_slot >= 0)  # [B, S]: padding looked up by absolute slot
     allowed = k_slot[None, :] <= q_slot[:, None]  # [T, S]
     if window is not None:
         allowed = allowed & (k_slot[None, :] > q_slot[:, None] - window)
-    return allowed[None] & key_valid[:, None, :]  # [B, T, S]
+    return allowed[None] & valid[:, None, :]  # [B, T, S]
 
 
-def attention_masks(spec: ModelSpec, key_valid: torch.Tensor, q_start: int, q_len: int) -> dict[str, torch.Tensor]:
-    """One mask per layer type the spec's layers use (full: causal; sliding: causal within the window)."""
+def attention_masks(
+    spec: ModelSpec, key_valid: torch.Tensor, q_start: int, q_len: int, cache: KVCache | None = None
+) -> dict[str, torch.Tensor]:
+    """One mask per layer type the spec's layers use (full: causal; sliding: causal within the window). With a
+    `cache`, a sliding layer's keys are its ring and this step's (kv_cache.py): the mask follows their slots."""
     kinds = sorted({spec.layer_type(i) for i in range(spec.num_hidden_layers)})
-    return {
-        kind: causal_mask(key_valid, q_start, q_len, spec.sliding_window)
-        if kind == SLIDING
-        else causal_mask(key_valid, q_start, q_len)
-        for kind in kinds
-    }
+    masks = {}
+    for kind in kinds:
+        if kind == SLIDING:
+            k_slot = None if cache is None else cache.key_slots(q_len)
+            masks[kind] = causal_mask(key_valid, q_start, q_len, spec.sliding_window, k_slot)
+        else:
+            masks[kind] = causal_mask(key_valid, q_start, q_len)
+    return masks
 
 
 def default_positions(key_valid: torch.Tensor, q_start: int, q_len: int) -> torch.Tensor:
@@ -169,7 +185,7 @@ class CausalLM(nn.Module):
             positions = default_positions(key_valid, past, t)
         else:  # numpy or torch, any integer dtype; each inside the RoPE range (spec/inputs.py)
             positions = torch.as_tensor(check_positions(positions, self.spec, b, t), device=device)
-        masks = attention_masks(self.spec, key_valid, past, t)
+        masks = attention_masks(self.spec, key_valid, past, t, cache)
         hidden = self.model(ids, positions, masks, cache, last_only, trace)
         if cache is not None:
             cache.advance(t)

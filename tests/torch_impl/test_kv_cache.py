@@ -22,8 +22,9 @@ def _kv(t: int, fill: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_layouts_and_filled_slots():
     cache = KVCache.create(SPEC, 1, 5, torch.float32)
-    assert tuple(cache.k.shape) == (SPEC.num_hidden_layers, 1, SPEC.num_key_value_heads, 5, SPEC.head_dim)
-    assert tuple(cache.v.shape) == (SPEC.num_hidden_layers, 1, SPEC.num_key_value_heads, SPEC.head_dim, 5)
+    assert len(cache.k) == SPEC.num_hidden_layers  # per layer, as JAX's (a sliding layer's ring is smaller)
+    assert tuple(cache.k[0].shape) == (1, SPEC.num_key_value_heads, 5, SPEC.head_dim)
+    assert tuple(cache.v[0].shape) == (1, SPEC.num_key_value_heads, SPEC.head_dim, 5)
     k, v = cache.update(0, *_kv(3, 1.0))
     assert k.shape[2] == 3 and v.shape[3] == 3 and bool((k == 1).all())
     cache.advance(3)
@@ -35,10 +36,10 @@ def test_write_past_capacity_is_refused():
     cache = KVCache.create(SPEC, 1, 4, torch.float32)
     cache.update(0, *_kv(3, 1.0))
     cache.advance(3)
-    before = cache.k.clone()
+    before = cache.k[0].clone()
     with pytest.raises(InputError, match=r"KV cache is full: 5 positions requested, capacity 4"):
         cache.update(0, *_kv(2, 9.0))
-    assert torch.equal(cache.k, before)  # nothing was written
+    assert torch.equal(cache.k[0], before)  # nothing was written
 
 
 def test_cache_larger_than_the_model_is_refused():

@@ -206,9 +206,9 @@ def _attend_without_softcap(mp: pytest.MonkeyPatch) -> None:
 def _window_off_by_one_jax(mp: pytest.MonkeyPatch) -> None:
     original = jax_impl.model.causal_mask
 
-    def causal_mask(key_valid, q_start, q_len, window=None):
+    def causal_mask(key_valid, q_start, q_len, window=None, k_slot=None):
         # k >= q - window instead of k > q - window: each query sees window + 1 keys
-        return original(key_valid, q_start, q_len, None if window is None else window + 1)
+        return original(key_valid, q_start, q_len, None if window is None else window + 1, k_slot)
 
     mp.setattr(jax_impl.model, "causal_mask", causal_mask)
 

@@ -100,8 +100,8 @@ def decoder_layer(
     """The layer class the spec's residual structure needs: pre-norm or sandwich (dual-variable flow), post-norm
     (OLMo 2) or parallel residual (GPT-NeoX), the last two in the plain flow."""
     kw = dict(dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
+    if spec.norm_placement == "post":  # the same order as torch_impl's picker (the spec refuses both at once)
+        return PostNormDecoderLayer(spec, layer_idx, **kw)
     if spec.parallel_residual:
         return ParallelDecoderLayer(spec, layer_idx, **kw)
-    if spec.norm_placement == "post":
-        return PostNormDecoderLayer(spec, layer_idx, **kw)
     return DecoderLayer(spec, layer_idx, **kw)

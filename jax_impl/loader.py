@@ -60,7 +60,8 @@ def from_pretrained(
     ]
     for per_rank in zip(*streams, strict=True):
         module, role, kind, _ = per_rank[0]
-        arrays = [array.T if kind == LINEAR else array for *_, array in per_rank]  # [out, in] -> Flax [in, out]
+        # [out, in] -> Flax [in, out]; stacked experts [E, out, in] -> [E, in, out]
+        arrays = [np.swapaxes(array, -1, -2) if kind == LINEAR else array for *_, array in per_rank]
         if mesh is None:
             value = jnp.asarray(arrays[0], dtype=dtype)
         else:  # cast on the host, then each device receives only its rank's slice

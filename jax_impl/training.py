@@ -110,7 +110,7 @@ def _checkpoint_layout(model: CausalLM, state: nnx.State) -> dict[str, np.ndarra
         key = _runtime_key(path)
         entry = groups[key][0]
         array = np.asarray(value[...] if hasattr(value, "get_value") else value, dtype=np.float32)
-        array = array.T if entry.kind == LINEAR else array  # Flax [in, out] -> [out, in]
+        array = np.swapaxes(array, -1, -2) if entry.kind == LINEAR else array  # Flax [in, out] -> [out, in]
         axis = split_axis(entry)
         slices = [array] * tp if axis is None else np.split(array, tp, axis=axis)
         for rank in range(tp):

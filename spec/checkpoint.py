@@ -175,10 +175,21 @@ def runtime_params(
     bar = Progress(total_bytes, f"loading {checkpoint.directory.name}", enabled=progress, unit="B")
     for (module, role), entries in groups.items():
         arrays = [_cast(_read(checkpoint, e, layout, allow), dtype) for e in entries]
-        array = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)  # [parts * out, in]
+        array = _pack(entries, arrays)
         bar.update(sum(checkpoint.nbytes(e.name) for e in entries))
         yield module, role, entries[0].kind, array
     bar.close()
+
+
+def _pack(entries: list[ParamEntry], arrays: list[np.ndarray]) -> np.ndarray:
+    """One runtime parameter from its checkpoint pieces: parts concatenated along axis 0 ([parts * out, in]),
+    then, for stacked experts, the experts stacked along a new leading axis ([E, parts * out, in])."""
+    if entries[0].expert is None:
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+    per_expert: dict[int, list[np.ndarray]] = {}
+    for entry, array in zip(entries, arrays, strict=True):
+        per_expert.setdefault(entry.expert, []).append(array)
+    return np.stack([np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0] for parts in per_expert.values()])
 
 
 def _read(checkpoint: Checkpoint, entry: ParamEntry, layout: ShardLayout | None, allow_nonfinite: bool) -> np.ndarray:

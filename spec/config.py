@@ -1,8 +1,9 @@
 """`ModelSpec`: the one framework-neutral description of the decoder that both backends read.
 
 Built from a Hugging Face `config.json` for the families in spec/families.py (Qwen3, Qwen2, Llama, Mistral,
-Gemma 2, Gemma 3 text, OLMo 2, GPT-NeoX), in both the older config form (top-level `rope_theta`,
-`rope_scaling`) and the newer `rope_parameters` form. Whatever the spec cannot represent (MoE, an unknown rope
+Gemma 2, Gemma 3 text, OLMo 2, GPT-NeoX; the mixture-of-experts Qwen3-MoE, Qwen2-MoE and Mixtral), in both the
+older config form (top-level `rope_theta`, `rope_scaling`) and the newer `rope_parameters` form. Whatever the spec
+cannot represent (DeepSeek-style MoE, an unknown rope
 type or activation, a layer kind not listed) is refused with a `ConfigError` that names the key and its value.
 Every key read has a type and a range (spec/json_fields.py): JSON `true` is not a number, `"false"` is not a
 boolean, NaN and Infinity are not finite. Every field here is read by both backends; a field nobody reads is
@@ -68,6 +69,16 @@ class ModelSpec:
     layer_types: tuple[str, ...] = ()  # per layer "full_attention" | "sliding_attention"; () = all full
     local_rope_theta: float | None = None  # sliding layers' own RoPE (Gemma 3); None = the global one
     local_rope_scaling: RopeScaling | None = None
+    # Mixture-of-experts (docs/design.md, "Mixture of experts"); num_experts = 0 is a dense model.
+    num_experts: int = 0  # routed experts in each sparse layer
+    num_experts_per_tok: int = 0  # k: experts each token is sent to
+    moe_intermediate_size: int = 0  # one expert's I (a dense layer keeps intermediate_size)
+    norm_topk_prob: bool = False  # the k selected probabilities are renormalized to sum to 1 (Mixtral: always)
+    router_weights_float32: bool = False  # the routing weights stay float32 in the weighted sum (Mixtral); else
+    # they are rounded to the activation dtype first (Qwen)
+    decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % step == 0 and i is not in mlp_only_layers
+    mlp_only_layers: tuple[int, ...] = ()  # layers that keep the dense MLP
+    shared_expert_intermediate_size: int = 0  # a dense expert every token passes, behind a sigmoid gate (Qwen2-MoE)
 
     def __post_init__(self) -> None:
         for name in (
@@ -103,6 +114,8 @@ class ModelSpec:
             "o_proj_bias",
             "fused_qkv",
             "embedding_scale",
+            "norm_topk_prob",
+            "router_weights_float32",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"config key {name!r} must be true or false, got {getattr(self, name)!r}")
@@ -116,6 +129,7 @@ class ModelSpec:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} = {getattr(self, name)!r} is not one of {allowed}")
         self._check_structure()
+        self._check_moe()
 
     def _check_structure(self) -> None:
         """Combinations whose math is undefined (or that no formula here covers) are refused by name."""
@@ -159,6 +173,51 @@ class ModelSpec:
             raise ConfigError(
                 f"config key 'sliding_window' must be an integer >= 1 or null, got {self.sliding_window!r}"
             )
+
+    def _check_moe(self) -> None:
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"):
+            value = getattr(self, name)
+            if not is_int(value) or not 0 <= value <= MAX_SIZE:
+                raise ConfigError(f"config key {name!r} must be an integer in [0, {MAX_SIZE}], got {value!r}")
+        step = self.decoder_sparse_step
+        if not is_int(step) or not 1 <= step <= MAX_SIZE:
+            raise ConfigError(f"config key 'decoder_sparse_step' must be an integer in [1, {MAX_SIZE}], got {step!r}")
+        bad = [i for i in self.mlp_only_layers if not is_int(i) or not 0 <= i < self.num_hidden_layers]
+        if bad or len(set(self.mlp_only_layers)) != len(self.mlp_only_layers):
+            raise ConfigError(
+                f"config key 'mlp_only_layers' = {list(self.mlp_only_layers)} must list distinct layer indices "
+                f"in [0, {self.num_hidden_layers})" + (f": {bad} are not" if bad else "")
+            )
+        if not self.num_experts:
+            moe = {
+                n: getattr(self, n)
+                for n in ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+                if getattr(self, n)
+            }
+            if moe:
+                raise ConfigError(f"num_experts = 0 (a dense model) but {moe} are set")
+            return
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError(
+                f"config key 'num_experts_per_tok' = {self.num_experts_per_tok} must be in [1, num_experts = "
+                f"{self.num_experts}]"
+            )
+        if self.moe_intermediate_size < 1:
+            raise ConfigError("config key 'moe_intermediate_size' must be >= 1 in a mixture-of-experts model")
+        if not self.gated_mlp or self.mlp_bias or self.parallel_residual or self.norm_placement != "pre":
+            raise ConfigError(
+                "mixture-of-experts is defined here for the pre-norm decoder with gated, bias-free experts only"
+            )
+
+    def is_sparse(self, layer: int) -> bool:
+        """Layer `layer` routes its tokens to experts (transformers' rule: decoder_sparse_step, mlp_only_layers)."""
+        return (
+            self.num_experts > 0 and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_hidden_layers) if self.is_sparse(i))
 
     @property
     def num_kv_groups(self) -> int:

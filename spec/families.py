@@ -15,7 +15,20 @@ from spec.errors import ConfigError
 from spec.json_fields import Fields
 from spec.rope import RopeScaling, global_rope, parse_rope
 
-FAMILIES = ("qwen3", "qwen2", "llama", "mistral", "gemma2", "gemma3_text", "olmo2", "gpt_neox")
+FAMILIES = (
+    "qwen3",
+    "qwen2",
+    "llama",
+    "mistral",
+    "gemma2",
+    "gemma3_text",
+    "olmo2",
+    "gpt_neox",
+    "qwen3_moe",
+    "qwen2_moe",
+    "mixtral",
+)
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
 FULL, SLIDING = "full_attention", "sliding_attention"
 # transformers' activation names -> the spec's: each is one formula (the tanh GELU has two names)
 ACTIVATIONS = {
@@ -25,13 +38,13 @@ ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
     "gelu": "gelu",
 }
-# Keys whose presence (with a non-trivial value) means mixture-of-experts, which the spec does not implement.
+# Keys whose presence (with a non-trivial value) means mixture-of-experts: refused outside the MoE families.
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 
 
 def read_structure(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
     """The family-specific ModelSpec fields of a config (see ModelSpec for what each means)."""
-    _refuse_common(fields)
+    _refuse_common(fields, model_type)
     reader = {
         "qwen3": _qwen,
         "qwen2": _qwen,
@@ -41,12 +54,15 @@ def read_structure(fields: Fields, model_type: str, num_layers: int) -> dict[str
         "gemma3_text": _gemma,
         "olmo2": _olmo2,
         "gpt_neox": _gpt_neox,
+        "qwen3_moe": _qwen_moe,
+        "qwen2_moe": _qwen_moe,
+        "mixtral": _mixtral,
     }[model_type]
     return reader(fields, model_type, num_layers)
 
 
-def _refuse_common(fields: Fields) -> None:
-    for key in _MOE_KEYS:
+def _refuse_common(fields: Fields, model_type: str) -> None:
+    for key in _MOE_KEYS if model_type not in MOE_FAMILIES else ():
         if fields.integer(key, 0, minimum=0):
             raise ConfigError(f"config key {key!r} = {fields.value(key)!r}: mixture-of-experts is not supported")
     if fields.boolean("use_bidirectional_attention", False):
@@ -114,6 +130,7 @@ def _plain_decoder(fields: Fields) -> None:
 
 
 def _qwen(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
+    dense = model_type.removesuffix("_moe")
     _plain_decoder(fields)
     # Qwen2/Qwen3: sliding window only when use_sliding_window, on layers from max_window_layers on.
     window = fields.integer("sliding_window", None, minimum=0) if fields.boolean("use_sliding_window", False) else None
@@ -123,11 +140,61 @@ def _qwen(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
     return {
         **_rope_fields(fields),
         "rms_norm_eps": fields.number("rms_norm_eps"),
-        # Qwen2 always has q/k/v bias; its config has no key for it.
-        "attention_bias": True if model_type == "qwen2" else fields.boolean("attention_bias", False),
-        "qk_norm": model_type == "qwen3",
+        # Qwen2 always has q/k/v bias; Qwen2-MoE's newer configs say so in `qkv_bias` (default true).
+        "attention_bias": _qwen2_bias(fields, model_type)
+        if dense == "qwen2"
+        else fields.boolean("attention_bias", False),
+        "qk_norm": dense == "qwen3",
         "sliding_window": window if types else None,
         "layer_types": types,
+    }
+
+
+def _qwen2_bias(fields: Fields, model_type: str) -> bool:
+    if model_type == "qwen2_moe":
+        _refuse_key(fields, "qkv_bias", True, "Qwen2-MoE's q/k/v projections carry a bias")
+    return True
+
+
+def _qwen_moe(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
+    """Qwen3-MoE / Qwen2-MoE: the dense Qwen decoder with sparse layers (transformers' defaults)."""
+    defaults = {"qwen3_moe": (128, 8, 768), "qwen2_moe": (60, 4, 1408)}[model_type]
+    # Qwen3-MoE's config class stores `num_experts` as `num_local_experts` (an attribute map); both spellings occur.
+    experts = fields.integer("num_experts", None, minimum=0)
+    if experts is None:
+        experts = fields.integer("num_local_experts", defaults[0], minimum=0)
+    _refuse_key(fields, "router_jitter_noise", 0.0, "training-time router noise is not modelled")
+    moe = {
+        "num_experts": experts,
+        "num_experts_per_tok": fields.integer("num_experts_per_tok", defaults[1]),
+        "moe_intermediate_size": fields.integer("moe_intermediate_size", defaults[2]),
+        "norm_topk_prob": fields.boolean("norm_topk_prob", False),
+        "decoder_sparse_step": fields.integer("decoder_sparse_step", 1),
+        "mlp_only_layers": tuple(fields.integers("mlp_only_layers") or ()),
+    }
+    if model_type == "qwen2_moe":
+        moe["shared_expert_intermediate_size"] = fields.integer("shared_expert_intermediate_size", 5632)
+    else:
+        _refuse_key(fields, "shared_expert_intermediate_size", None, "Qwen3-MoE has no shared expert")
+    return {**_qwen(fields, model_type, num_layers), **moe}
+
+
+def _mixtral(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
+    """Mixtral: Mistral's decoder, every layer sparse, top-k renormalized, experts of `intermediate_size`."""
+    _plain_decoder(fields)
+    window = _window(fields, None)
+    _refuse_key(fields, "router_jitter_noise", 0.0, "training-time router noise is not modelled")
+    return {
+        **_rope_fields(fields),
+        "rms_norm_eps": fields.number("rms_norm_eps"),
+        "attention_bias": fields.boolean("attention_bias", False),
+        "sliding_window": window,
+        "layer_types": (SLIDING,) * num_layers if window is not None else (),
+        "num_experts": fields.integer("num_local_experts", 8),
+        "num_experts_per_tok": fields.integer("num_experts_per_tok", 2),
+        "moe_intermediate_size": fields.integer("intermediate_size"),
+        "norm_topk_prob": True,
+        "router_weights_float32": True,
     }
 
 

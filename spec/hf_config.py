@@ -23,6 +23,9 @@ ARCHITECTURES = {
     "gemma3_text": "Gemma3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 _ACT_NAMES = {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh", "gelu": "gelu"}
 
@@ -52,11 +55,15 @@ def hf_config(spec: Any) -> dict[str, Any]:
         "tie_word_embeddings": spec.tie_word_embeddings,
         "rope_parameters": _rope(spec.rope_theta, spec.rope_scaling),
     }
-    family = spec.model_type
+    family = spec.model_type.removesuffix("_moe")  # a Qwen MoE config is the dense Qwen config plus _moe(spec)
+    if family == "mixtral":
+        family = "mistral"
     if family in ("qwen3", "qwen2", "llama", "mistral", "olmo2"):
         config.update(hidden_act="silu", rms_norm_eps=spec.rms_norm_eps, rope_theta=spec.rope_theta)
         if family != "qwen2":
             config["attention_bias"] = spec.attention_bias
+        elif spec.model_type == "qwen2_moe":
+            config["qkv_bias"] = True
         if family in ("qwen3", "qwen2"):
             sliding = bool(spec.layer_types)
             config.update(use_sliding_window=sliding, sliding_window=spec.sliding_window)
@@ -91,4 +98,27 @@ def hf_config(spec: Any) -> dict[str, Any]:
         )
         config["rope_parameters"]["partial_rotary_factor"] = spec.partial_rotary_factor
         del config["head_dim"], config["num_key_value_heads"]
+    if spec.num_experts:
+        config.update(_moe(spec))
+    return config
+
+
+def _moe(spec: Any) -> dict[str, Any]:
+    """The mixture-of-experts keys of a config (spec/families.py reads them back)."""
+    if spec.model_type == "mixtral":  # experts are intermediate_size wide; renormalized top-k, no key for it
+        return {
+            "num_local_experts": spec.num_experts,
+            "num_experts_per_tok": spec.num_experts_per_tok,
+            "intermediate_size": spec.moe_intermediate_size,
+        }
+    config = {
+        "num_experts": spec.num_experts,
+        "num_experts_per_tok": spec.num_experts_per_tok,
+        "moe_intermediate_size": spec.moe_intermediate_size,
+        "norm_topk_prob": spec.norm_topk_prob,
+        "decoder_sparse_step": spec.decoder_sparse_step,
+        "mlp_only_layers": list(spec.mlp_only_layers),
+    }
+    if spec.model_type == "qwen2_moe":
+        config["shared_expert_intermediate_size"] = spec.shared_expert_intermediate_size
     return config

@@ -154,6 +154,14 @@ class Fields:
             raise self.fail(key, "a list of strings", value)
         return value
 
+    def integers(self, key: str, *, minimum: int = 0, maximum: int = MAX_SIZE) -> list[int] | None:
+        value = self._get(key, None)
+        if isinstance(value, _Default):
+            return None
+        if not isinstance(value, list) or not all(is_int(v) and minimum <= v <= maximum for v in value):
+            raise self.fail(key, f"a list of integers in [{minimum}, {maximum}]", value)
+        return value
+
     def nested(self, key: str) -> Fields | None:
         value = self._get(key, None)
         if isinstance(value, _Default):

@@ -4,7 +4,9 @@ Each row names a Hugging Face checkpoint tensor, its shape as the spec implies i
 Linear weights are [out, in]), and the runtime parameter it lands in. Runtime parameters have the same
 dotted path in both backends (`model.layers.0.mlp.gate_up_proj`); `role` says which attribute of that
 module it is (`weight` or `bias`). Where several checkpoint tensors pack into one runtime parameter
-(gate and up into `gate_up_proj`, gate first), `part` gives the order of concatenation along axis 0.
+(gate and up into `gate_up_proj`, gate first), `part` gives the order of concatenation along axis 0. A
+mixture-of-experts layer stacks its experts: `expert` is the index along a new leading axis, so the runtime
+`experts.gate_up_proj` is [E, 2I, H] in torch layout, packed from E per-expert gate_proj/up_proj tensors.
 
 Both backends' loaders and the checkpoint validator derive from this table; neither backend hard-codes
 checkpoint names of its own.
@@ -40,6 +42,7 @@ class ParamEntry:
     parts: int = 1  # how many tensors pack into this runtime parameter
     placement: str = REPLICATED  # COLUMN | ROW | VOCAB | REPLICATED: how tensor parallelism splits it
     units: int = 1  # equal blocks along the split axis (heads, kv heads, features); a rank takes whole blocks
+    expert: int | None = None  # index along the stacked leading [E] axis of an experts parameter; None: not stacked
 
 
 def param_table(spec: ModelSpec) -> list[ParamEntry]:
@@ -90,7 +93,9 @@ def param_table(spec: ModelSpec) -> list[ParamEntry]:
         if spec.norm_placement == "sandwich":
             rows += norm(f"{c}.pre_feedforward_layernorm", f"{p}.pre_feedforward_layernorm", h)
         column = dict(placement=COLUMN, units=i)
-        if spec.gated_mlp:
+        if spec.is_sparse(layer):
+            rows += _moe_rows(spec, c, f"{p}.mlp")
+        elif spec.gated_mlp:
             # Gate first, then up: the runtime split takes the first half as the gate. Each part is split on its
             # own, so a rank's packed slice is [gate_r; up_r] and its local split stays right.
             gate_up = f"{p}.mlp.gate_up_proj"
@@ -104,10 +109,11 @@ def param_table(spec: ModelSpec) -> list[ParamEntry]:
             rows.append(ParamEntry(f"{up_name}.weight", (i, h), up, "weight", LINEAR, **column))
             if spec.mlp_bias:
                 rows.append(ParamEntry(f"{up_name}.bias", (i,), up, "bias", BIAS, **column))
-        down, down_name = f"{p}.mlp.down_proj", f"{c}.{names['down']}"
-        rows.append(ParamEntry(f"{down_name}.weight", (h, i), down, "weight", LINEAR, placement=ROW, units=i))
-        if spec.mlp_bias:  # added once, after the row-parallel sum
-            rows.append(ParamEntry(f"{down_name}.bias", (h,), down, "bias", BIAS))
+        if not spec.is_sparse(layer):
+            down, down_name = f"{p}.mlp.down_proj", f"{c}.{names['down']}"
+            rows.append(ParamEntry(f"{down_name}.weight", (h, i), down, "weight", LINEAR, placement=ROW, units=i))
+            if spec.mlp_bias:  # added once, after the row-parallel sum
+                rows.append(ParamEntry(f"{down_name}.bias", (h,), down, "bias", BIAS))
         if spec.norm_placement in ("sandwich", "post"):
             rows += norm(f"{c}.post_feedforward_layernorm", f"{p}.post_feedforward_layernorm", h)
     rows += norm(names["final_norm"], "model.norm", h)
@@ -116,6 +122,37 @@ def param_table(spec: ModelSpec) -> list[ParamEntry]:
     return rows
 
 
+def _moe_rows(spec: ModelSpec, c: str, p: str) -> list[ParamEntry]:
+    """A sparse layer's tensors: the router, each expert's gate/up/down stacked along [E], the shared expert.
+
+    `c` is the checkpoint's layer prefix, `p` the runtime MLP module. Each expert's tensors are split for tensor
+    parallelism like a dense MLP's (over the expert's intermediate features); the router and the shared expert's
+    sigmoid gate (one output) are replicated.
+    """
+    h, mi, si = spec.hidden_size, spec.moe_intermediate_size, spec.shared_expert_intermediate_size
+    moe, (gate, up, down) = (
+        ("block_sparse_moe", ("w1", "w3", "w2")) if spec.model_type == "mixtral" else ("mlp", _GATE_UP_DOWN)
+    )
+    rows = [ParamEntry(f"{c}.{moe}.gate.weight", (spec.num_experts, h), f"{p}.router", "weight", LINEAR)]
+    column, row = dict(placement=COLUMN, units=mi), dict(placement=ROW, units=mi)
+    for e in range(spec.num_experts):
+        x = f"{c}.{moe}.experts.{e}"
+        gate_up, down_proj = f"{p}.experts.gate_up_proj", f"{p}.experts.down_proj"
+        rows.append(ParamEntry(f"{x}.{gate}.weight", (mi, h), gate_up, "weight", LINEAR, 0, 2, **column, expert=e))
+        rows.append(ParamEntry(f"{x}.{up}.weight", (mi, h), gate_up, "weight", LINEAR, 1, 2, **column, expert=e))
+        rows.append(ParamEntry(f"{x}.{down}.weight", (h, mi), down_proj, "weight", LINEAR, **row, expert=e))
+    if si:
+        x, column, row = f"{c}.mlp.shared_expert", dict(placement=COLUMN, units=si), dict(placement=ROW, units=si)
+        gate_up = f"{p}.shared_expert.gate_up_proj"
+        rows.append(ParamEntry(f"{x}.gate_proj.weight", (si, h), gate_up, "weight", LINEAR, 0, 2, **column))
+        rows.append(ParamEntry(f"{x}.up_proj.weight", (si, h), gate_up, "weight", LINEAR, 1, 2, **column))
+        down_proj, shared_gate = f"{p}.shared_expert.down_proj", f"{p}.shared_expert_gate"
+        rows.append(ParamEntry(f"{x}.down_proj.weight", (h, si), down_proj, "weight", LINEAR, **row))
+        rows.append(ParamEntry(f"{c}.mlp.shared_expert_gate.weight", (1, h), shared_gate, "weight", LINEAR))
+    return rows
+
+
+_GATE_UP_DOWN = ("gate_proj", "up_proj", "down_proj")
 # Checkpoint names of the tensors whose names differ between families; the rest are the Llama names.
 _NAMES = {
     "embed": "model.embed_tokens",
@@ -139,12 +176,12 @@ _NEOX_NAMES = {
 
 
 def runtime_groups(spec: ModelSpec) -> dict[tuple[str, str], list[ParamEntry]]:
-    """(module, role) -> its checkpoint entries in concatenation order: what a loader iterates."""
+    """(module, role) -> its checkpoint entries in packing order (expert, then part): what a loader iterates."""
     groups: dict[tuple[str, str], list[ParamEntry]] = {}
     for entry in param_table(spec):
         groups.setdefault((entry.module, entry.role), []).append(entry)
     for entries in groups.values():
-        entries.sort(key=lambda e: e.part)
+        entries.sort(key=lambda e: (-1 if e.expert is None else e.expert, e.part))
     return groups
 
 

@@ -139,8 +139,11 @@ def gather_checkpoint_grads(
         for rank, runtime in enumerate(per_rank):
             layout, grad, start = ShardLayout(spec, tp, rank), runtime[key], 0
             for entry in entries:  # a packed parameter holds each part's slice in turn: [gate_r; up_r]
+                if entry.part == 0:
+                    start = 0
+                block = grad if entry.expert is None else grad[entry.expert]  # stacked experts: [E, ...]
                 rows = shard_of(np.broadcast_to(np.zeros((), grad.dtype), entry.shape), entry, layout).shape[0]
-                pieces[entry.name].append(grad[start : start + rows])
+                pieces[entry.name].append(block[start : start + rows])
                 start += rows
         for entry in entries:
             grads[entry.name] = gather_shards(pieces[entry.name], entry)

@@ -30,6 +30,7 @@ from spec.params import param_table
 # causal-mask buffers `attention.bias` / `attention.masked_bias` (its real biases end in `query_key_value.bias`
 # and `dense.bias`).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")  # a mixture-of-experts layer's per-expert tensors (spec/params.py)
 _LAYER = re.compile(r"(?:model|gpt_neox)\.layers\.(\d+)\.")  # the families' layer prefixes (spec/params.py)
 _CHUNK = 1 << 16  # elements per scan step: the data and the bool result stay in the core's L2 cache
 # The exponent bits of the 16-bit formats: all set means Inf or NaN.
@@ -54,6 +55,12 @@ def validate_checkpoint(checkpoint: Tensors, spec: ModelSpec) -> None:
         raise CheckpointError(
             f"checkpoint {checkpoint.directory} does not match its config: num_hidden_layers is "
             f"{spec.num_hidden_layers} but the checkpoint holds tensors of {len(layers)} layer(s)"
+        )
+    experts = {m.group(1) for name in names if (m := _EXPERT.search(name))}
+    if spec.num_experts and len(experts) < spec.num_experts:  # likewise: E * layers rows are built next
+        raise CheckpointError(
+            f"checkpoint {checkpoint.directory} does not match its config: num_experts is {spec.num_experts} "
+            f"but the checkpoint holds tensors of {len(experts)} expert(s)"
         )
     table = {e.name: e for e in param_table(spec)}
     present = set(names)

@@ -208,7 +208,66 @@ FAMILY_CONFIGS: dict[str, dict] = {
         max_position_embeddings=256,
     ),
 }
-ALL_CONFIGS = {**HF_CONFIGS, **FAMILY_CONFIGS}
+# Mixture-of-experts (issue 18): E = 6 (not a power of two) with k = 4, E = 4 with k = 2, a dense layer among
+# sparse ones (mlp_only_layers), a shared expert, renormalized and plain top-k.
+MOE_CONFIGS: dict[str, dict] = {
+    # Qwen3-MoE: 6 experts, top-4 renormalized, layer 1 dense (mlp_only_layers), q/k norm, untied.
+    "qwen3_moe_e6k4": dict(
+        model_type="qwen3_moe",
+        vocab_size=269,
+        hidden_size=64,
+        intermediate_size=88,
+        moe_intermediate_size=40,
+        num_experts=6,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+        mlp_only_layers=[1],
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    ),
+    # Qwen2-MoE: 4 experts, top-2 not renormalized, a shared expert behind its sigmoid gate, q/k/v bias, tied.
+    "qwen2_moe_shared": dict(
+        model_type="qwen2_moe",
+        vocab_size=241,
+        hidden_size=48,
+        intermediate_size=72,
+        moe_intermediate_size=24,
+        shared_expert_intermediate_size=56,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=10_000.0,
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+    ),
+    # Mixtral: 5 experts, top-2 (softmax over the selected: renormalized), GQA 2.
+    "mixtral_e5k2": dict(
+        model_type="mixtral",
+        vocab_size=251,
+        hidden_size=64,
+        intermediate_size=56,
+        num_local_experts=5,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    ),
+}
+# Exact router ties by construction: in every sparse layer expert 1's router row is a copy of expert 0's, so
+# every token's two logits are equal; where the pair straddles the k-th place the choice is a tie-break.
+TIED_ROUTER_CONFIGS = {"qwen3_moe_ties": dict(MOE_CONFIGS["qwen3_moe_e6k4"], mlp_only_layers=[])}
+ALL_CONFIGS = {**HF_CONFIGS, **FAMILY_CONFIGS, **MOE_CONFIGS, **TIED_ROUTER_CONFIGS}
 _CLASSES = {  # model_type -> (config class, model class) names in transformers
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
@@ -218,6 +277,9 @@ _CLASSES = {  # model_type -> (config class, model class) names in transformers
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
 }
 
 
@@ -230,7 +292,7 @@ def build_hf_model(name: str, seed: int = 0):
     model_type = kwargs.pop("model_type")
     config_name, model_name = _CLASSES[model_type]
     scaling = kwargs.pop("rope_scaling", None)
-    if model_type in ("qwen3", "qwen2", "llama", "mistral", "olmo2"):
+    if model_type in ("qwen3", "qwen2", "llama", "mistral", "olmo2", "qwen3_moe", "qwen2_moe", "mixtral"):
         kwargs.update(rms_norm_eps=1e-6, hidden_act="silu")
     config = getattr(transformers, config_name)(**kwargs)
     if scaling is not None:  # the newer config form; transformers standardizes either
@@ -247,8 +309,12 @@ def build_hf_model(name: str, seed: int = 0):
                 param.copy_(0.1 * torch.randn(param.shape, generator=gen))
             elif "embed_tokens" in pname or "embed_in" in pname:
                 param.copy_(0.1 * torch.randn(param.shape, generator=gen))  # as spec.random_weights
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(param.shape[1]))
+            else:  # a Linear [out, in] or stacked experts [E, out, in]: fan-in is the last axis
+                param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(param.shape[-1]))
+        if name in TIED_ROUTER_CONFIGS:
+            for pname, param in model.named_parameters():
+                if pname.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+                    param[1].copy_(param[0])
     return model
 
 

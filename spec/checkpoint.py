@@ -157,6 +157,7 @@ def runtime_params(
     layout: ShardLayout | None = None,
     allow_nonfinite: bool | None = None,
     modules: Callable[[str], bool] | None = None,
+    experts: range | None = None,
 ) -> Iterator[tuple[str, str, str, np.ndarray]]:
     """Yield (module, role, kind, array) for every runtime parameter, packed (and cast to `dtype` if given).
 
@@ -167,10 +168,14 @@ def runtime_params(
     scanned for NaN/Inf (a CheckpointError naming it) unless `allow_nonfinite` (None: the innermost
     `allow_nonfinite_weights()` block's setting, else False). `modules`: a filter on the runtime module path
     (e.g. one decoder layer's, for a layer-streamed check); only the parameters it keeps are read and yielded.
+    `experts`: an expert-parallel rank's experts (spec/parallel.py's expert_range); a stacked experts parameter
+    then holds only those, [len(experts), ...], in order.
     """
     allow = _ALLOW_NONFINITE.get() if allow_nonfinite is None else allow_nonfinite
     checkpoint.validate(spec)
     groups = {key: entries for key, entries in runtime_groups(spec).items() if modules is None or modules(key[0])}
+    if experts is not None:
+        groups = {k: [e for e in v if e.expert is None or e.expert in experts] for k, v in groups.items()}
     total_bytes = sum(checkpoint.nbytes(e.name) for entries in groups.values() for e in entries)
     bar = Progress(total_bytes, f"loading {checkpoint.directory.name}", enabled=progress, unit="B")
     for (module, role), entries in groups.items():

@@ -36,10 +36,32 @@ def check_tp_degree(spec: ModelSpec, tp: int) -> None:
             f"it neither divides num_key_value_heads={n_kv} nor is a multiple of it "
             "(kv heads are split when it divides them, replicated when it is a multiple)"
         )
-    if spec.intermediate_size % tp:
+    if spec.intermediate_size % tp and len(spec.sparse_layers) < spec.num_hidden_layers:
         problems.append(f"it does not divide intermediate_size={spec.intermediate_size}")
+    for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        if getattr(spec, name) % tp:
+            problems.append(f"it does not divide {name}={getattr(spec, name)}")
     if problems:
         raise ConfigError(f"tensor-parallel degree {tp} does not fit this model: " + "; ".join(problems))
+
+
+def check_ep_degree(spec: ModelSpec, ep: int) -> None:
+    """Expert parallelism: `ep` ranks each hold num_experts / ep whole experts of every sparse layer."""
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise ConfigError(f"expert-parallel degree must be a positive integer, got {ep!r}")
+    if ep > 1 and not spec.num_experts:
+        raise ConfigError(f"expert-parallel degree {ep} needs a mixture-of-experts model ({spec.model_type} is dense)")
+    if ep > 1 and spec.num_experts % ep:
+        raise ConfigError(f"expert-parallel degree {ep} does not divide num_experts={spec.num_experts}")
+
+
+def expert_range(spec: ModelSpec, ep: int, rank: int) -> range:
+    """The experts (global indices) that expert-parallel rank `rank` of `ep` holds: a contiguous run."""
+    check_ep_degree(spec, ep)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ep:
+        raise ConfigError(f"expert-parallel rank {rank!r} is outside [0, {ep})")
+    n = spec.num_experts // ep
+    return range(rank * n, (rank + 1) * n)
 
 
 def padded_vocab(spec: ModelSpec, tp: int) -> int:

@@ -1,4 +1,5 @@
-"""CPU prefill and decode throughput: torch_impl, jax_impl and transformers on one Qwen3-0.6B-shaped model.
+"""CPU prefill and decode throughput: torch_impl, jax_impl and transformers on one Qwen3-0.6B-shaped model
+(or, `--model qwen3-moe`, the mixture-of-experts Qwen3-30B-A3B shape scaled down: benchmarks/qwen3_shape.py).
 
 One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat16`) with bfloat16 weights:
 - prefill tokens/s for a 128-token prompt and decode tokens/s for 64 new tokens, per backend (medians of
@@ -7,7 +8,8 @@ One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat1
   and matmul FLOP/s;
 - each backend's ratio to transformers, and decode's fraction of the weight-streaming limit
   (read bandwidth / weight bytes per token: every weight is read once per decoded token, 2.38 GB in float32,
-  1.19 GB in bfloat16);
+  1.19 GB in bfloat16; in the MoE model only the selected experts' weights, 0.21 GB of its 1.54 GB in float32,
+  printed beside the dense equivalent);
 - the machine (processor, cores, the flags that decide the fast CPU paths: benchmarks/machine.py), and the
   path each backend's products took per shape with what choosing cost (torch_impl/linear.py,
   jax_impl/linear.py).
@@ -32,7 +34,7 @@ if __package__ in (None, ""):  # run as a file: its own folder would shadow the 
 
 import spec  # noqa: E402
 from benchmarks import machine as machine_info  # noqa: E402
-from benchmarks.qwen3_shape import qwen3_0_6b_checkpoint  # noqa: E402
+from benchmarks.qwen3_shape import SHAPES, active_parameters, shaped_checkpoint  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -167,7 +169,7 @@ def load_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, new
 def serve(name: str, args: argparse.Namespace) -> None:
     """A backend's worker: load and warm up, then one run per "run" line on stdin, each answered with one JSON
     line; "paths" answers with the paths its products took. The coordinator takes the backends in turn."""
-    directory = qwen3_0_6b_checkpoint(args.dtype)
+    directory = shaped_checkpoint(args.model, args.dtype)
     vocab = spec.ModelSpec.from_pretrained(directory).vocab_size
     prompt = np.random.default_rng(0).integers(0, vocab, (1, args.prompt_len))
     rates = load_backend(name, directory, args.dtype, prompt, args.new_tokens)
@@ -183,7 +185,7 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
     all loaded first, then measured in turn, run after run: a drift in the machine's speed (these VMs drift by
     10-20% within minutes) hits every backend alike, so their ratios hold within one run of this script."""
     cmd = [sys.executable, "-m", "benchmarks.cpu_decode", "--prompt-len", str(args.prompt_len),
-           "--new-tokens", str(args.new_tokens), "--dtype", args.dtype, "--serve"]  # fmt: skip
+           "--new-tokens", str(args.new_tokens), "--dtype", args.dtype, "--model", args.model, "--serve"]  # fmt: skip
     root = Path(__file__).resolve().parents[1]
     procs = {}
     for name in names:  # loaded one after another: no two loads share the cores
@@ -240,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32", help="the weights' dtype")
+    parser.add_argument("--model", choices=tuple(SHAPES), default="qwen3-0.6b", help="the checkpoint's shape")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -250,14 +253,21 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.serve, args)
         return 0
 
-    directory = qwen3_0_6b_checkpoint(args.dtype)  # written once, before any timing
-    params = spec.parameter_count(spec.ModelSpec.from_pretrained(directory))
-    weight_bytes = params * DTYPE_BYTES[args.dtype]  # the tied table is read once per token
+    directory = shaped_checkpoint(args.model, args.dtype)  # written once, before any timing
+    model_spec = spec.ModelSpec.from_pretrained(directory)
+    weight_bytes = active_parameters(model_spec) * DTYPE_BYTES[args.dtype]  # what one decoded token reads
+    dense_bytes = spec.parameter_count(model_spec) * DTYPE_BYTES[args.dtype]
     print(machine_info.line())
     print(
-        f"Qwen3-0.6B-shaped, {args.dtype}, batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+        f"{args.model}-shaped, {args.dtype}, batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
         f"median of {args.repeats}; each backend in its own process, the backends taken in turn"
     )
+    if model_spec.num_experts:
+        print(
+            f"  mixture of experts: {model_spec.num_experts_per_tok} of {model_spec.num_experts} experts per token "
+            f"in {len(model_spec.sparse_layers)} layers: a decoded token reads {weight_bytes / 1e9:.3f} GB of the "
+            f"{dense_bytes / 1e9:.3f} GB of weights (x{dense_bytes / weight_bytes:.1f} fewer than dense)"
+        )
     machine = in_subprocess("machine", args)
     flops = machine["matmul_flops"]
     print(f"  matmul {flops / 1e9:.0f} GFLOP/s, weights {weight_bytes / 1e9:.2f} GB/token")
@@ -289,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         "read_bandwidth_gb_s": bandwidth / 1e9,
         "read_bandwidth_readings_gb_s": [r / 1e9 for r in readings],
         "matmul_gflop_s": flops / 1e9,
+        "model": args.model,
         "weight_bytes_per_token": weight_bytes,
+        "dense_weight_bytes": dense_bytes,
         "decode_limit_tok_s": limit,
     }
     if args.json:

@@ -9,6 +9,7 @@ dtype's rounding (Gemma's embedding scale multiplied in float32 instead of the d
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from parity.components import LOGITS, layers_before
 from parity.metrics import Metrics, array_metrics, logits_metrics
+from parity.routing import LayerRouting, Masks, analyse_layer, canonical, masked
 from parity.tolerances import EXACT_COMPONENTS, Bound, Tolerance
 
 
@@ -53,6 +55,8 @@ class Comparison:
     ref: str  # e.g. "torch"
     dtype: str
     results: list[ComponentResult] = field(default_factory=list)
+    routing: list[LayerRouting] = field(default_factory=list)  # per sparse layer (mixture of experts)
+    routing_note: str = ""  # how the routing was obtained ("teacher-forced: ..."), "" when each run chose its own
 
     @property
     def label(self) -> str:
@@ -78,7 +82,14 @@ class Comparison:
             "passed": self.passed,
             "first_failure": None if first is None else first.name,
             "components": [r.to_dict() for r in self.results],
+            "routing": [r.to_dict() for r in self.routing],
+            "routing_note": self.routing_note,
         }
+
+    @property
+    def masked(self) -> bool:
+        """Whether components were compared with the tokens downstream of a near-tie flip left out."""
+        return any(r.near_tie_flips for r in self.routing)
 
 
 def judge(
@@ -150,19 +161,63 @@ def compare_traces(
 ) -> Comparison:
     """Compare `test` against `ref` on `names` (in their order); every component is judged, not only the first.
 
-    `depth`: one depth for every name (gradients: the whole model); default, each forward component's own."""
+    `depth`: one depth for every name (gradients: the whole model); default, each forward component's own.
+    A sparse layer's moe.topk_ids is judged by its routing agreement (parity/routing.py), and the tokens
+    downstream of a near-tie flip are left out of the later components."""
     comparison = Comparison(test_label, ref_label, tolerance.dtype)
+    masks = _masks(test, ref, names)
     for name in names:
-        comparison.results.append(
-            judge(
-                name,
-                test.get(name),
-                ref.get(name),
-                num_layers=num_layers,
-                tolerance=tolerance,
-                test_label=test_label,
-                ref_label=ref_label,
-                depth=depth,
-            )
+        a, b = test.get(name), ref.get(name)
+        routing = None
+        if masks is not None and a is not None and b is not None and a.shape == b.shape:
+            if name.endswith("moe.topk_ids"):
+                routing = _route(name, a, b, ref, masks, tolerance)
+                comparison.routing.append(routing)
+            a, b = _canonical(name, a, b, test, ref)
+            a = masked(a, b, masks.mask(name, num_layers))
+        result = judge(
+            name,
+            a,
+            b,
+            num_layers=num_layers,
+            tolerance=tolerance,
+            test_label=test_label,
+            ref_label=ref_label,
+            depth=depth,
         )
+        if routing is not None and routing.failures:
+            failures = routing.failures
+            reason = failures[0].describe(routing.layer, test_label, ref_label)
+            reason += f" ({len(failures)} failing choice{'s' if len(failures) > 1 else ''} in the layer)"
+            result = dataclasses.replace(result, passed=False, reason=reason)
+        comparison.results.append(result)
     return comparison
+
+
+def _masks(test: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], names: list[str]) -> Masks | None:
+    """Masks for a mixture-of-experts comparison (None when neither trace routes: nothing to mask)."""
+    routed = [n for n in names if n.endswith("moe.topk_ids") and n in test and n in ref]
+    if not routed:
+        return None
+    return Masks(tuple(ref[routed[0]].shape[:2]))
+
+
+def _route(name: str, test_ids, ref_ids, ref: Mapping[str, np.ndarray], masks: Masks, tol: Tolerance) -> LayerRouting:
+    layer = int(name.split(".")[1])
+    logits = ref.get(name.replace("topk_ids", "router_logits"))
+    if logits is None or logits.shape[:2] != ref_ids.shape[:2]:
+        logits = np.zeros((*ref_ids.shape[:2], int(ref_ids.max(initial=0)) + 1), np.float32)  # no margins known
+    routing = analyse_layer(layer, test_ids, ref_ids, logits, masks.before(layer), tol)
+    masks.add(routing)
+    return routing
+
+
+def _canonical(name: str, a: np.ndarray, b: np.ndarray, test: Mapping, ref: Mapping) -> tuple[np.ndarray, np.ndarray]:
+    """topk_ids and topk_weights sorted by expert id: choices are compared as sets (parity/routing.py says why)."""
+    if name.endswith("moe.topk_ids"):
+        return canonical(a)[0], canonical(b)[0]
+    if name.endswith("moe.topk_weights"):
+        ids = name.replace("topk_weights", "topk_ids")
+        if ids in test and ids in ref and test[ids].shape == a.shape and ref[ids].shape == b.shape:
+            return canonical(test[ids], a)[1], canonical(ref[ids], b)[1]
+    return a, b

@@ -14,6 +14,9 @@ from spec import DEFAULT_SPEC, ModelSpec
 # ([B, T, n, d]). attn_post_norm / mlp_post_norm: the norm on an increment (sandwich and post-norm layers);
 # post_attn_norm: the norm before the MLP (transformers' post_attention_layernorm in a pre-norm layer, Gemma's
 # pre_feedforward_layernorm, GPT-NeoX's second LayerNorm); x1 does not exist in a parallel-residual layer.
+# A sparse (mixture-of-experts) layer records the moe.* components in place of the dense MLP's (issue 18):
+# router_logits [B, T, E], topk_ids [B, T, k], topk_weights [B, T, k], experts_out and, with a shared expert
+# (Qwen2-MoE), shared_out [B, T, H]; mlp_out is the block's output in both kinds of layer.
 LAYER_COMPONENTS = (
     "input_norm",
     "attn.q",
@@ -25,6 +28,11 @@ LAYER_COMPONENTS = (
     "mlp.gate_up",
     "mlp.up",
     "mlp.act",
+    "moe.router_logits",
+    "moe.topk_ids",
+    "moe.topk_weights",
+    "moe.experts_out",
+    "moe.shared_out",
     "mlp_out",
     "mlp_post_norm",
     "x2",
@@ -34,12 +42,25 @@ _PLAIN = DEFAULT_SPEC  # a pre-norm RMSNorm/SwiGLU layer: what component_order l
 HEAD = "head"  # the logits before the final soft-cap (Gemma 2); `logits` is after it
 
 
-def layer_components(spec: ModelSpec | None = None) -> tuple[str, ...]:
-    """The components one layer of `spec` records, in forward order (None: the Llama/Qwen pre-norm layer)."""
+MOE_COMPONENTS = tuple(c for c in LAYER_COMPONENTS if c.startswith("moe."))
+
+
+def moe_components(spec: ModelSpec) -> tuple[str, ...]:
+    """What a sparse layer of `spec` records in place of the dense MLP's components (shared_out: Qwen2-MoE)."""
+    return tuple(c for c in MOE_COMPONENTS if c != "moe.shared_out" or spec.shared_expert_intermediate_size > 0)
+
+
+def layer_components(spec: ModelSpec | None = None, layer: int | None = None) -> tuple[str, ...]:
+    """The components layer `layer` of `spec` records, in forward order (None: the Llama/Qwen pre-norm layer).
+
+    Without `layer`, a dense layer's (a mixture-of-experts model's dense layers among its sparse ones)."""
     if spec is None:
         spec = _PLAIN
-    present = {"attn.q", "attn.k", "attn_out", "mlp.act", "mlp_out", "x2"}
-    present.add("mlp.gate_up" if spec.gated_mlp else "mlp.up")
+    present = {"attn.q", "attn.k", "attn_out", "mlp_out", "x2"}
+    if layer is not None and spec.is_sparse(layer):
+        present |= set(moe_components(spec))
+    else:
+        present |= {"mlp.act", "mlp.gate_up" if spec.gated_mlp else "mlp.up"}
     if spec.pre_norm:
         present.add("input_norm")
     if spec.norm_placement != "post":
@@ -63,7 +84,7 @@ def component_order(num_layers: int, spec: ModelSpec | None = None) -> list[str]
     Without `spec`, the Llama/Qwen layer's components; with it, those that model's structure records."""
     names = ["embed"]
     for i in range(num_layers):
-        names += [f"layers.{i}.{c}" for c in layer_components(spec)]
+        names += [f"layers.{i}.{c}" for c in layer_components(spec, i)]
     return names + head_components(spec)
 
 
@@ -83,14 +104,21 @@ def layers_before(name: str, num_layers: int) -> int:
     return 0 if name == "embed" else num_layers
 
 
-def hf_components(num_layers: int) -> list[str]:
+def hf_components(num_layers: int, spec: ModelSpec | None = None) -> list[str]:
     """The components transformers exposes through `output_hidden_states` and its logits.
 
     hidden_states[0] is the embedding, hidden_states[i + 1] is x2 of layer i for i < L - 1, and the last
     entry is the final norm's output (transformers applies the norm before appending it), so x2 of the
-    last layer is not exposed.
+    last layer is not exposed. A sparse layer of a mixture-of-experts `spec` adds what forward hooks on its
+    router, experts and shared expert see (parity/hf_reference.py): the moe.* components and mlp_out.
     """
-    return ["embed"] + [f"layers.{i}.x2" for i in range(num_layers - 1)] + ["final_norm", LOGITS]
+    names = ["embed"]
+    for i in range(num_layers):
+        if spec is not None and spec.is_sparse(i):
+            names += [f"layers.{i}.{c}" for c in (*moe_components(spec), "mlp_out")]
+        if i < num_layers - 1:
+            names.append(f"layers.{i}.x2")
+    return names + ["final_norm", LOGITS]
 
 
 def residual_stream(num_layers: int) -> list[str]:

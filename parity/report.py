@@ -78,7 +78,7 @@ class Report:
         failure = self.first_failure
         where = f"{self.dtype}, kernels={'/'.join(sorted(set(self.kernels.values())))}"
         if failure is None:
-            parts = [f"{c.label} on {len(c.results)} components" for c in self.comparisons]
+            parts = [f"{c.label} on {len(c.results)} components{_routing_part(c)}" for c in self.comparisons]
             return f"PASS ({where}): parity holds: {'; '.join(parts)}"
         comparison, result = failure
         return f"FAIL ({where}): first divergence at {result.name} ({comparison.label}): {result.reason}"
@@ -149,7 +149,7 @@ class Report:
         title = f"{comparison.label} ({comparison.dtype})"
         if first is not None:
             title += f": FAIL, first at {first.name}: {first.reason}"
-        return "\n".join([title, *_align([header, *rows])])
+        return "\n".join([title, *_align([header, *rows]), *routing_lines(comparison)])
 
     # ---- JSON -----------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -181,6 +181,34 @@ class Report:
         path = Path(path)
         path.write_text(self.to_json() + "\n")
         return path
+
+
+def _routing_part(c: Comparison) -> str:
+    if not c.routing:
+        return ""
+    agree = sum(r.agree for r in c.routing) / max(1, sum(r.choices for r in c.routing))
+    flips = sum(len(r.near_tie_flips) for r in c.routing)
+    return f" (routing {agree:.2%} agree over {len(c.routing)} sparse layers, {flips} near-tie flips)"
+
+
+def routing_lines(comparison: Comparison, shown: int = 5) -> list[str]:
+    """Per sparse layer: the routing agreement, near-ties, failing choices (each named), what was masked."""
+    if not comparison.routing:
+        return []
+    lines = [f"routing ({comparison.label}){': ' + comparison.routing_note if comparison.routing_note else ''}:"]
+    for r in comparison.routing:
+        lines.append(f"  {r.summary()}")
+        for kind, flips in (("near-tie", r.near_tie_flips), ("FAIL", r.failures)):
+            for f in flips[:shown]:
+                lines.append(f"    {kind}: {f.describe(r.layer, comparison.test, comparison.ref)}")
+            if len(flips) > shown:
+                lines.append(f"    ... {len(flips) - shown} more {kind} choices")
+    if comparison.masked:
+        lines.append(
+            "  components after a near-tie flip are compared without the flipped token in its layer and without "
+            "the later positions of its row in the layers after it (attention carries the flip forward)"
+        )
+    return lines
 
 
 def _row(r: ComponentResult, drift: list[Comparison], first: bool) -> list[str]:

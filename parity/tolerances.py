@@ -51,6 +51,23 @@ TOP1_REASON = (
     "Reported, not a criterion: the top-1 token can only change where the reference's top-2 margin is below "
     "2 * max|d|, which max_rel already bounds; near-ties flip legitimately in low precision."
 )
+ROUTING_REASON = (
+    "A mixture-of-experts layer's choice of experts is a near-tie, reported and not a failure, when the tested run "
+    "swaps expert a (the reference's) for b and the reference's router logits satisfy l[a] - l[b] <= 2 * max_rel * "
+    "g * max|router_logits of that layer|: twice the largest logit difference this table admits between two correct "
+    "runs at that depth (the moe.router_logits component is held to it), so either order of a and b is consistent "
+    "with logits both within tolerance. For a flip two correct runs can make, a and b are the reference's k-th and "
+    "(k+1)-th experts and the margin is the k-th/(k+1)-th margin. A swap with a larger margin cannot come from "
+    "rounding the table allows and fails (a selection that disagrees with its own logits, or logits out of "
+    "tolerance, which moe.router_logits names first). Exact ties (margin 0: two equal router rows) are near-ties in "
+    "every dtype. Float32 at g = 1: 2e-5 of the largest logit; at the random-weight scale (|logit| ~ 3) a random "
+    "token's margin falls that low with probability ~1e-4 per token."
+)
+
+
+def routing_bound(tolerance: Tolerance, layer: int, scale: float) -> float:
+    """The router-logit margin within which a flipped expert choice at `layer` is a near-tie (ROUTING_REASON)."""
+    return 2.0 * tolerance.bound(layer).max_rel * scale
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,7 @@ class Tolerance:
 
     def to_dict(self) -> dict:
         reasons = {"growth": GROWTH_REASON, "cosine": COSINE_REASON, "kl": KL_REASON, "top1": TOP1_REASON}
+        reasons["routing"] = ROUTING_REASON
         return {**asdict(self), **reasons, "exact": {"components": list(EXACT_COMPONENTS), "reason": EXACT_REASON}}
 
 
@@ -222,6 +240,7 @@ def describe(tol: Tolerance) -> str:
         f"  cosine >= 1 - (rms_rel * g)^2 / 2   {COSINE_REASON}",
         f"  logits KL <= (rms_rel * g * rms(ref logits))^2 / 2   {KL_REASON}",
         f"  top-1   {TOP1_REASON}",
+        f"  MoE routing near-tie: margin <= 2 * max_rel * g * max|router logits|   {ROUTING_REASON}",
         f"  {', '.join(EXACT_COMPONENTS)}: bit-identical   {EXACT_REASON}",
     ]
     return "\n".join(lines)

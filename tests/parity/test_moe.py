@@ -1,0 +1,122 @@
+"""Routing-aware parity (issue 18): the routing comparison on constructed traces, then `check` on the
+transformers-written MoE checkpoints (tests/hf_models.py MOE_CONFIGS, TIED_ROUTER_CONFIGS) with real backends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity import TOLERANCES
+from parity.compare import compare_traces
+from parity.components import component_order, hf_components
+from parity.report import routing_lines
+from spec import ModelSpec
+
+TOL = TOLERANCES["float32"]
+B, T, E, K, H = 1, 5, 4, 2, 3
+NAMES = [f"layers.{i}.{c}" for i in range(2) for c in ("moe.router_logits", "moe.topk_ids", "moe.topk_weights", "x2")]
+
+
+def synthetic(tie_token: int = 2) -> dict[str, np.ndarray]:
+    """Two sparse layers; token `tie_token` has experts 0 and 1 tied at the k-th place in layer 0."""
+    rng = np.random.default_rng(0)
+    trace = {}
+    for i in range(2):
+        logits = rng.normal(size=(B, T, E)).astype(np.float32)
+        if i == 0:
+            logits[0, tie_token] = [1.0, 1.0, 2.0, -1.0]  # expert 2 first, then 0 and 1 tied for the second slot
+        ids = np.argsort(-logits, axis=-1, kind="stable")[..., :K]
+        trace[f"layers.{i}.moe.router_logits"] = logits
+        trace[f"layers.{i}.moe.topk_ids"] = ids.astype(np.float32)
+        trace[f"layers.{i}.moe.topk_weights"] = np.take_along_axis(logits, ids, -1)
+        trace[f"layers.{i}.x2"] = rng.normal(size=(B, T, H)).astype(np.float32)
+    return trace
+
+
+def flipped(ref: dict, token: int, new: int, spread: bool = True) -> dict:
+    """`ref` with layer 0's second choice of `token` replaced by expert `new`, and its consequences."""
+    test = {name: value.copy() for name, value in ref.items()}
+    test["layers.0.moe.topk_ids"][0, token, 1] = new
+    test["layers.0.moe.topk_weights"][0, token, 1] += 0.5
+    test["layers.0.x2"][0, token] += 1.0
+    if spread:  # attention carries the change to the later positions of the row in layer 1
+        for c in ("moe.router_logits", "x2"):
+            test[f"layers.1.{c}"][0, token:] += 1.0
+    return test
+
+
+def test_agreeing_routing_passes_with_full_agreement():
+    ref = synthetic()
+    comparison = compare_traces(dict(ref), ref, NAMES, num_layers=2, tolerance=TOL)
+    assert comparison.passed
+    assert [r.agreement for r in comparison.routing] == [1.0, 1.0]
+    assert comparison.routing[0].near_tie_tokens == 1  # the constructed tie, not flipped
+    assert not comparison.masked
+
+
+def test_near_tie_flip_is_reported_not_failed_and_masked_downstream():
+    ref = synthetic()
+    comparison = compare_traces(flipped(ref, 2, 1), ref, NAMES, num_layers=2, tolerance=TOL, test_label="jax")
+    assert comparison.passed, [r.reason for r in comparison.results]
+    layer0 = comparison.routing[0]
+    assert layer0.agree == B * T * K - 1 and len(layer0.near_tie_flips) == 1 and not layer0.failures
+    (flip,) = layer0.near_tie_flips
+    assert (flip.token, flip.test_expert, flip.ref_expert, flip.margin) == ((0, 2), 1, 0, 0.0)
+    assert comparison.routing[1].masked_tokens == T - 2  # positions 2.. of row 0, after layer 0's flip
+    text = "\n".join(routing_lines(comparison))
+    assert "layer 0: 90.00% of 10 (token, slot) choices agree" in text
+    assert "near-tie: layer 0 routing: token (0, 2) slot 1: jax chose expert 1, ref expert 0, margin 0 <=" in text
+    assert "left out" in text and "later positions of its row" in text
+
+
+def test_choice_order_within_the_set_is_not_a_difference():
+    """Tied experts inside the selected set may come in either order: compared as sets."""
+    ref = synthetic()
+    test = {name: value.copy() for name, value in ref.items()}
+    test["layers.1.moe.topk_ids"] = test["layers.1.moe.topk_ids"][..., ::-1].copy()
+    test["layers.1.moe.topk_weights"] = test["layers.1.moe.topk_weights"][..., ::-1].copy()
+    assert compare_traces(test, ref, NAMES, num_layers=2, tolerance=TOL).passed
+
+
+def test_flip_with_a_margin_fails_and_is_named():
+    ref = synthetic()
+    worst = int(np.argmin(ref["layers.0.moe.router_logits"][0, 0]))  # the lowest-ranked expert of token 0
+    test = flipped(ref, 0, worst, spread=False)
+    comparison = compare_traces(test, ref, NAMES, num_layers=2, tolerance=TOL, test_label="torch", ref_label="jax")
+    assert not comparison.passed
+    first = comparison.first_failure
+    assert first.name == "layers.0.moe.topk_ids"
+    ref_expert = int(ref["layers.0.moe.topk_ids"][0, 0, 1])
+    assert first.reason.startswith(
+        f"layer 0 routing: token (0, 0) slot 1: torch chose expert {worst}, jax expert {ref_expert}, margin "
+    )
+    assert "> bound" in first.reason and "(1 failing choice in the layer)" in first.reason
+    assert not comparison.masked  # a failure is not masked: what follows it fails too
+
+
+def test_components_per_layer_kind():
+    spec = ModelSpec.from_hf_config(_qwen3_moe_config())
+    names = component_order(3, spec)
+    assert "layers.0.moe.router_logits" in names and "layers.0.mlp.act" not in names
+    assert "layers.1.mlp.act" in names and "layers.1.moe.topk_ids" not in names  # mlp_only_layers=[1]
+    moe = [n.split(".", 2)[2] for n in names if n.startswith("layers.0.")]
+    assert moe.index("moe.router_logits") < moe.index("moe.topk_ids") < moe.index("moe.topk_weights")
+    assert moe.index("moe.topk_weights") < moe.index("moe.experts_out") < moe.index("mlp_out")
+    assert "layers.0.moe.shared_out" not in names
+    routed = ("moe.router_logits", "moe.topk_ids", "moe.topk_weights", "moe.experts_out", "mlp_out")
+    assert hf_components(3, spec) == [
+        "embed",
+        *[f"layers.0.{c}" for c in routed],
+        "layers.0.x2",
+        "layers.1.x2",
+        *[f"layers.2.{c}" for c in routed],
+        "final_norm",
+        "logits",
+    ]
+
+
+def _qwen3_moe_config() -> dict:
+    from tests.hf_models import MOE_CONFIGS
+
+    config = dict(MOE_CONFIGS["qwen3_moe_e6k4"], rms_norm_eps=1e-6, hidden_act="silu")
+    return config

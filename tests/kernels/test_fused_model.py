@@ -15,6 +15,7 @@ import pytest
 
 from parity.capture import capture
 from tests.backends import BACKENDS, load, package, rel_err
+from tests.greedy import assert_same_greedy
 
 FP32_REL = 1e-5
 BF16_FACTOR = 1.1
@@ -39,10 +40,12 @@ def test_fused_matches_reference(backend, default_dir):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fused_generation_matches_reference(backend, default_dir):
+    """Greedy tokens identical, except from a step whose top-2 gap is within float32 noise (tests/greedy.py):
+    the fused kernels sum in another order, and on another processor a near-tie may break the other way."""
     generate = package(backend).generate
-    reference = generate(load(backend, default_dir), [[5, 9, 200]], 6, eos_token_ids=()).tokens
+    reference = generate(load(backend, default_dir), [[5, 9, 200]], 6, eos_token_ids=(), return_logits=True)
     fused = generate(load(backend, default_dir, kernels="fused"), [[5, 9, 200]], 6, eos_token_ids=()).tokens
-    assert fused == reference
+    assert_same_greedy({"reference": reference.tokens, "fused": fused}, reference.logits)
 
 
 def test_auto_resolves_to_reference_on_cpu(default_dir):

@@ -24,6 +24,7 @@ from jax_impl.attention import Attention
 from jax_impl.decoder_layer_plain import ParallelDecoderLayer, PostNormDecoderLayer, add
 from jax_impl.layernorm import make_norm
 from jax_impl.mlp import MLP
+from jax_impl.moe import SparseMoeBlock
 from spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class DecoderLayer(nnx.Module):
         dtype: jnp.dtype,
         kernels: str = "reference",
         tp: int = 1,
+        ep: int = 1,
         rngs: nnx.Rngs,
     ):
         self.layer_idx = layer_idx
@@ -50,7 +52,11 @@ class DecoderLayer(nnx.Module):
         if self.sandwich:
             self.pre_feedforward_layernorm = make_norm(spec, spec.hidden_size, **norm)
             self.post_feedforward_layernorm = make_norm(spec, spec.hidden_size, **norm)
-        self.mlp = MLP(spec, layer_idx, dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
+        self.sparse = spec.is_sparse(layer_idx)  # routes its tokens to experts (jax_impl/moe.py)
+        if self.sparse:
+            self.mlp = SparseMoeBlock(spec, layer_idx, dtype=dtype, kernels=kernels, tp=tp, ep=ep, rngs=rngs)
+        else:
+            self.mlp = MLP(spec, layer_idx, dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
 
     def __call__(
         self,
@@ -61,7 +67,9 @@ class DecoderLayer(nnx.Module):
         mask: jax.Array,
         cache: KVCache | None = None,
         trace: dict[str, jax.Array] | None = None,
+        routing: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, KVCache | None]:
+        """`routing` [B, T, k]: a sparse layer's teacher-forced expert ids (jax_impl/moe.py)."""
         if residual is None:  # layer 0: the residual stream starts as the embedding h0
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:  # residual := previous increment + residual (= the previous layer's x2)
@@ -82,7 +90,8 @@ class DecoderLayer(nnx.Module):
         if trace is not None:
             trace[f"{name}.x1"] = residual
             trace[f"{name}.post_attn_norm"] = hidden
-        hidden = self.mlp(hidden, trace)  # an increment: x2 = hidden + residual, materialized later
+        # an increment: x2 = hidden + residual, materialized later
+        hidden = self.mlp(hidden, trace, routing) if self.sparse else self.mlp(hidden, trace)
         if trace is not None:
             trace[f"{name}.mlp_out"] = hidden
         if self.sandwich:
@@ -95,8 +104,9 @@ class DecoderLayer(nnx.Module):
 
 
 def decoder_layer(
-    spec: ModelSpec, layer_idx: int, *, dtype: jnp.dtype, kernels: str = "reference", tp: int = 1, rngs: nnx.Rngs
-) -> DecoderLayer | PostNormDecoderLayer | ParallelDecoderLayer:
+    spec: ModelSpec, layer_idx: int, *, dtype: jnp.dtype, kernels: str = "reference", tp: int = 1, ep: int = 1,
+    rngs: nnx.Rngs,
+) -> DecoderLayer | PostNormDecoderLayer | ParallelDecoderLayer:  # fmt: skip
     """The layer class the spec's residual structure needs: pre-norm or sandwich (dual-variable flow), post-norm
     (OLMo 2) or parallel residual (GPT-NeoX), the last two in the plain flow."""
     kw = dict(dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
@@ -104,4 +114,4 @@ def decoder_layer(
         return PostNormDecoderLayer(spec, layer_idx, **kw)
     if spec.parallel_residual:
         return ParallelDecoderLayer(spec, layer_idx, **kw)
-    return DecoderLayer(spec, layer_idx, **kw)
+    return DecoderLayer(spec, layer_idx, ep=ep, **kw)  # the spec allows experts in the pre-norm layer only

@@ -25,18 +25,20 @@ from jax_impl.decoder_layer import decoder_layer
 from jax_impl.embedding import HIGHEST, Embedding
 from jax_impl.layernorm import make_norm
 from jax_impl.linear import Linear
+from jax_impl.moe import check_routing
 from jax_impl.rotary_embedding import RotaryEmbedding
 from jax_impl.vocab_parallel import mask_padding
 from kernels import resolve_kernels
 from spec import ModelSpec, check_attention_mask, check_positions, check_token_ids
 from spec.families import FULL, SLIDING
-from spec.parallel import ShardLayout
+from spec.parallel import ShardLayout, check_ep_degree
 
 if TYPE_CHECKING:
     from jax_impl.kv_cache import KVCache
 
 
 Masks = dict[str, jax.Array]  # layer type (FULL, SLIDING) -> its attention mask [B, T, S]
+Routing = dict[int, jax.Array]  # sparse layer index -> teacher-forced expert ids [B, T, k]
 
 
 def causal_mask(
@@ -95,12 +97,15 @@ def final_softcap(logits: jax.Array, cap: float) -> jax.Array:
 
 
 class Model(nnx.Module):
-    def __init__(self, spec: ModelSpec, *, dtype: jnp.dtype, kernels: str = "reference", tp: int = 1, rngs: nnx.Rngs):
+    def __init__(
+        self, spec: ModelSpec, *, dtype: jnp.dtype, kernels: str = "reference", tp: int = 1, ep: int = 1,
+        rngs: nnx.Rngs,
+    ):  # fmt: skip
         self.spec = layout = ShardLayout(spec, tp).global_spec  # every rank's heads, features and vocabulary rows
         self.embed_tokens = Embedding(layout.vocab_size, spec.hidden_size, dtype=dtype, tp=tp, rngs=rngs)
         self.layers = nnx.List(
             [
-                decoder_layer(layout, i, dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
+                decoder_layer(layout, i, dtype=dtype, kernels=kernels, tp=tp, ep=ep, rngs=rngs)
                 for i in range(spec.num_hidden_layers)
             ]
         )
@@ -117,8 +122,10 @@ class Model(nnx.Module):
         cache: KVCache | None = None,
         last_only: bool = False,
         trace: dict[str, jax.Array] | None = None,
+        routing: Routing | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
-        """masks: `attention_masks(spec, ...)`, one per layer type."""
+        """masks: `attention_masks(spec, ...)`, one per layer type; routing: teacher-forced expert ids per sparse
+        layer (jax_impl/moe.py; validated by CausalLM)."""
         hidden = self.embed_tokens(input_ids)  # [B, T, H]
         if self.spec.embedding_scale:  # Gemma: sqrt(H) as float32, rounded to the activation dtype, then multiplied
             hidden = hidden * embedding_scale(self.spec, hidden.dtype)
@@ -131,7 +138,8 @@ class Model(nnx.Module):
         for i, layer in enumerate(self.layers):
             kind = self.spec.layer_type(i)
             cos, sin = ropes.get(kind, ropes[FULL])
-            hidden, residual, cache = layer(hidden, residual, cos, sin, masks[kind], cache, trace)
+            forced = {} if routing is None or i not in routing else {"routing": routing[i]}  # sparse layers only
+            hidden, residual, cache = layer(hidden, residual, cos, sin, masks[kind], cache, trace, **forced)
         if last_only:  # the norm and head are per position: only the last one is needed
             hidden = hidden[:, -1:]  # [B, 1, H]
             residual = None if residual is None else residual[:, -1:]
@@ -152,16 +160,20 @@ class CausalLM(nnx.Module):
         dtype: jnp.dtype = jnp.float32,
         kernels: str = "reference",
         tp: int = 1,
+        ep: int = 1,
         rngs: nnx.Rngs,
     ):
         """`spec` is the whole model's (ids and positions are checked against it); tp > 1 builds the
-        tensor-parallel layout over a mesh's "model" axis (jax_impl/tensor_parallel.py)."""
+        tensor-parallel layout over a mesh's "model" axis (jax_impl/tensor_parallel.py), ep > 1 splits the
+        experts over its "expert" axis (jax_impl/expert_parallel.py)."""
         self.spec = spec
         self.layout = ShardLayout(spec, tp)
         self.module_spec = self.layout.global_spec  # what the modules and the KV cache are sized by
         self.kernels = resolve_kernels(kernels, on_gpu=jax.default_backend() == "gpu")
         self.eos_token_ids: tuple[int, ...] = ()  # set by the loader from the checkpoint
-        self.model = Model(spec, dtype=dtype, kernels=self.kernels, tp=tp, rngs=rngs)
+        check_ep_degree(spec, ep)
+        self.ep = ep
+        self.model = Model(spec, dtype=dtype, kernels=self.kernels, tp=tp, ep=ep, rngs=rngs)
         if spec.tie_word_embeddings:
             self.lm_head = None  # tied: logits come from model.embed_tokens.attend, the one table
         else:
@@ -183,9 +195,10 @@ class CausalLM(nnx.Module):
         cache: KVCache | None = None,
         last_only: bool = False,
         trace: dict[str, jax.Array] | None = None,
+        routing: Routing | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """The traced body (call it under jit): validated ids -> (logits, updated cache)."""
-        hidden, cache = self.model(input_ids, positions, masks, cache, last_only, trace)
+        hidden, cache = self.model(input_ids, positions, masks, cache, last_only, trace, routing)
         if self.lm_head is None:
             logits = self.model.embed_tokens.attend(hidden)  # x @ E^T
         else:
@@ -209,15 +222,18 @@ class CausalLM(nnx.Module):
         positions: jax.Array | np.ndarray | None = None,
         last_only: bool = False,
         trace: dict[str, jax.Array] | None = None,
+        routing: dict[int, jax.Array | np.ndarray] | None = None,
     ) -> jax.Array:
         """Token ids [B, T] -> logits [B, T, V] ([B, 1, V] with `last_only`). Uncached; see generate.py.
 
         attention_mask [B, T] marks real tokens (1) and padding (0); `trace`, a dict, receives the named
-        intermediates (parity/), computed in the same compiled program.
+        intermediates (parity/), computed in the same compiled program. `routing` {sparse layer: ids [B, T, k]}
+        makes those layers use the given experts (teacher forcing; jax_impl/moe.py), checked here on the host.
         """
         ids = check_token_ids(input_ids, self.spec)  # the checks both backends share (spec/inputs.py)
         b, t = ids.shape
         key_valid = np.ones((b, t), bool) if attention_mask is None else check_attention_mask(attention_mask, b, t)
+        forced = check_routing(routing, self.spec, b, t)
         graphdef, state = nnx.split(self)
         logits, captured = forward(
             graphdef,
@@ -225,6 +241,7 @@ class CausalLM(nnx.Module):
             jnp.asarray(ids, jnp.int32),
             key_valid,
             None if positions is None else jnp.asarray(check_positions(positions, self.spec, b, t), jnp.int32),
+            forced,
             last_only=last_only,
             trace=trace is not None,
         )
@@ -240,6 +257,7 @@ def forward(
     ids: jax.Array,
     key_valid: jax.Array,
     positions: jax.Array | None,
+    routing: Routing | None = None,
     *,
     last_only: bool,
     trace: bool,
@@ -250,5 +268,6 @@ def forward(
     if positions is None:
         positions = default_positions(key_valid, 0, t)
     captured: dict[str, jax.Array] | None = {} if trace else None
-    logits, _ = model.logits(ids, positions, attention_masks(model.spec, key_valid, 0, t), None, last_only, captured)
+    masks = attention_masks(model.spec, key_valid, 0, t)
+    logits, _ = model.logits(ids, positions, masks, None, last_only, captured, routing)
     return logits, captured

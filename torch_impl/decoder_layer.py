@@ -1,6 +1,8 @@
 """One decoder layer in the dual-variable residual flow (docs/design.md, "The dual-variable flow"): pre-norm
-(Llama, Qwen, Mistral, sequential GPT-NeoX) or sandwich (Gemma 2/3: pre and post norms); `decoder_layer` picks
-the spec's layer class, the plain-flow ones (post-norm OLMo 2, parallel GPT-NeoX) in decoder_layer_plain.py.
+(Llama, Qwen, Mistral, sequential GPT-NeoX, the mixture-of-experts families, whose sparse layers hold a
+SparseMoeBlock from torch_impl/moe.py in place of the MLP) or sandwich (Gemma 2/3: pre and post norms);
+`decoder_layer` picks the spec's layer class, the plain-flow ones (post-norm OLMo 2, parallel GPT-NeoX) in
+decoder_layer_plain.py.
 
 Mirrors jax_impl/decoder_layer.py. A layer takes and returns (hidden, residual): the add of the
 previous increment into the residual stream happens inside the next add_rms_norm, so the returned
@@ -24,6 +26,7 @@ from torch_impl.attention import Attention
 from torch_impl.decoder_layer_plain import ParallelDecoderLayer, PostNormDecoderLayer
 from torch_impl.layernorm import make_norm
 from torch_impl.mlp import MLP
+from torch_impl.moe import SparseMoeBlock
 
 if TYPE_CHECKING:
     from torch_impl.kv_cache import KVCache
@@ -38,9 +41,14 @@ class DecoderLayer(nn.Module):
         kernels: str = "reference",
         tp: int = 1,
         group: dist.ProcessGroup | None = None,
+        experts: range | None = None,
+        ep_group: dist.ProcessGroup | None = None,
     ):
+        """A sparse layer (`spec.is_sparse`) holds a SparseMoeBlock: `experts` are its rank's global expert
+        indices (None: all), `ep_group` the expert-parallel group (torch_impl/expert_parallel.py)."""
         super().__init__()
         self.layer_idx = layer_idx
+        self.sparse = spec.is_sparse(layer_idx)
         self.sandwich = spec.norm_placement == "sandwich"
         h = spec.hidden_size
         self.input_layernorm = make_norm(spec, h, kernels=kernels)
@@ -48,7 +56,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = make_norm(spec, h, kernels=kernels)
         if self.sandwich:
             self.pre_feedforward_layernorm = make_norm(spec, h, kernels=kernels)
-        self.mlp = MLP(spec, layer_idx, kernels=kernels, tp=tp, group=group)
+        if self.sparse:
+            moe = dict(kernels=kernels, tp=tp, group=group, experts=experts, ep_group=ep_group)
+            self.mlp = SparseMoeBlock(spec, layer_idx, **moe)
+        else:
+            self.mlp = MLP(spec, layer_idx, kernels=kernels, tp=tp, group=group)
         if self.sandwich:
             self.post_feedforward_layernorm = make_norm(spec, h, kernels=kernels)
 
@@ -61,7 +73,10 @@ class DecoderLayer(nn.Module):
         mask: torch.Tensor,
         cache: KVCache | None = None,
         trace: dict[str, torch.Tensor] | None = None,
+        routing: dict[int, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`routing`: teacher-forced expert ids per sparse layer (CausalLM.forward checks them); a sparse layer
+        uses its own entry, if any."""
         if residual is None:  # layer 0: the residual stream starts as the embedding h0
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:  # residual := previous increment + residual (= the previous layer's x2)
@@ -82,7 +97,10 @@ class DecoderLayer(nn.Module):
         if trace is not None:
             trace[f"{name}.x1"] = residual
             trace[f"{name}.post_attn_norm"] = hidden
-        hidden = self.mlp(hidden, trace)  # an increment: x2 = hidden + residual, materialized later
+        if self.sparse:
+            hidden = self.mlp(hidden, trace, None if routing is None else routing.get(self.layer_idx))
+        else:
+            hidden = self.mlp(hidden, trace)  # an increment: x2 = hidden + residual, materialized later
         if trace is not None:
             trace[f"{name}.mlp_out"] = hidden
         if self.sandwich:
@@ -101,12 +119,15 @@ def decoder_layer(
     kernels: str = "reference",
     tp: int = 1,
     group: dist.ProcessGroup | None = None,
+    experts: range | None = None,
+    ep_group: dist.ProcessGroup | None = None,
 ) -> DecoderLayer | PostNormDecoderLayer | ParallelDecoderLayer:
-    """The layer class of the spec's residual flow, built for layer `layer_idx`."""
+    """The layer class of the spec's residual flow, built for layer `layer_idx` (mixture-of-experts exists for
+    the pre-norm flow only: the spec refuses the others, so only DecoderLayer takes `experts`, `ep_group`)."""
     if spec.norm_placement == "post":
         cls = PostNormDecoderLayer
     elif spec.parallel_residual:
         cls = ParallelDecoderLayer
     else:
-        cls = DecoderLayer
+        return DecoderLayer(spec, layer_idx, kernels=kernels, tp=tp, group=group, experts=experts, ep_group=ep_group)
     return cls(spec, layer_idx, kernels=kernels, tp=tp, group=group)

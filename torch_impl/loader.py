@@ -47,11 +47,13 @@ def from_pretrained(
     kernels: str = "reference",
     progress: bool = False,
     group: dist.ProcessGroup | None = None,
+    ep_group: dist.ProcessGroup | None = None,
 ) -> CausalLM:
     """Build the model for the checkpoint directory `path` and load its weights (`progress` on stderr).
 
     With a process `group` (e.g. `dist.group.WORLD` under torchrun), this process loads its rank's shard of a
-    tensor-parallel model over the group's ranks (torch_impl/tensor_parallel.py).
+    tensor-parallel model over the group's ranks (torch_impl/tensor_parallel.py). With an `ep_group` it holds
+    and reads only its expert-parallel rank's experts of each sparse layer (torch_impl/expert_parallel.py).
     """
     dtype = DTYPES[dtype_name(dtype)] if isinstance(dtype, str) else dtype
     spec = ModelSpec.from_pretrained(path)
@@ -59,11 +61,12 @@ def from_pretrained(
     checkpoint.validate(spec)  # from the headers, before any allocation: a config that claims 10**7 layers fails here
     tp = 1 if group is None else dist.get_world_size(group)
     with torch.device("meta"):
-        model = CausalLM(spec, kernels=kernels, tp=tp, group=group)
+        model = CausalLM(spec, kernels=kernels, tp=tp, group=group, ep_group=ep_group)
     model = model.to(dtype).to_empty(device=device)  # storage allocated, not initialized
     modules = dict(model.named_modules())
     with torch.no_grad():
-        shards = runtime_params(checkpoint, spec, progress=progress and model.layout.rank == 0, layout=model.layout)
+        show = progress and model.layout.rank == 0 and (ep_group is None or dist.get_rank(ep_group) == 0)
+        shards = runtime_params(checkpoint, spec, progress=show, layout=model.layout, experts=model.experts)
         for module, role, _kind, array in shards:
             param: nn.Parameter = getattr(modules[module], role)
             tensor = to_torch(array)

@@ -26,12 +26,15 @@ class MLP(nn.Module):
         kernels: str = "reference",
         tp: int = 1,
         group: dist.ProcessGroup | None = None,
+        intermediate_size: int | None = None,
     ):
-        """`spec` sizes this rank's features (ShardLayout.local_spec); tp > 1 makes down_proj row-parallel."""
+        """`spec` sizes this rank's features (ShardLayout.local_spec); tp > 1 makes down_proj row-parallel.
+        `intermediate_size`: this rank's width when it is not the spec's (Qwen2-MoE's shared expert, moe.py)."""
         super().__init__()
         self.layer_idx = layer_idx
         self.gated, self.hidden_act = spec.gated_mlp, spec.hidden_act
-        h, i = spec.hidden_size, spec.intermediate_size
+        h = spec.hidden_size
+        i = spec.intermediate_size if intermediate_size is None else intermediate_size
         if self.gated:
             self.gate_up_proj = column_linear(h, 2 * i, spec.mlp_bias, tp, group)
             self.act_fn = GATED[spec.hidden_act](kernels=kernels)

@@ -25,7 +25,9 @@ from spec import ModelSpec, check_attention_mask, check_positions, check_token_i
 from spec.families import FULL, SLIDING
 from torch_impl.decoder_layer import decoder_layer
 from torch_impl.embedding import Embedding
+from torch_impl.expert_parallel import rank_experts
 from torch_impl.layernorm import make_norm
+from torch_impl.moe import check_routing
 from torch_impl.rotary_embedding import RotaryEmbedding
 from torch_impl.tensor_parallel import column_linear, rank_layout
 from torch_impl.vocab_parallel import mask_padding
@@ -91,15 +93,22 @@ def final_softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
 
 class Model(nn.Module):
     def __init__(
-        self, spec: ModelSpec, *, kernels: str = "reference", tp: int = 1, group: dist.ProcessGroup | None = None
+        self,
+        spec: ModelSpec,
+        *,
+        kernels: str = "reference",
+        tp: int = 1,
+        group: dist.ProcessGroup | None = None,
+        ep_group: dist.ProcessGroup | None = None,
     ):
         super().__init__()
         layout = rank_layout(spec, tp, group)
         self.spec = local = layout.local_spec  # this rank's heads, features and vocabulary rows
         h = spec.hidden_size
         self.embed_tokens = Embedding(local.vocab_size, h, tp=tp, vocab_start=layout.vocab_start, group=group)
+        moe = dict(experts=rank_experts(spec, ep_group), ep_group=ep_group)
         self.layers = nn.ModuleList(
-            decoder_layer(local, i, kernels=kernels, tp=tp, group=group) for i in range(spec.num_hidden_layers)
+            decoder_layer(local, i, kernels=kernels, tp=tp, group=group, **moe) for i in range(spec.num_hidden_layers)
         )
         self.norm = make_norm(spec, h, kernels=kernels)
         self.rotary_emb = RotaryEmbedding(spec)
@@ -114,8 +123,9 @@ class Model(nn.Module):
         cache: KVCache | None = None,
         last_only: bool = False,
         trace: dict[str, torch.Tensor] | None = None,
+        routing: dict[int, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """masks: `attention_masks(spec, ...)`, one per layer type."""
+        """masks: `attention_masks(spec, ...)`, one per layer type; routing: checked teacher-forced expert ids."""
         hidden = self.embed_tokens(input_ids)  # [B, T, H]
         if self.spec.embedding_scale:  # Gemma: sqrt(H) as float32, rounded to the activation dtype, then multiplied
             hidden = hidden * embedding_scale(self.spec, hidden.dtype)
@@ -128,7 +138,8 @@ class Model(nn.Module):
         for i, layer in enumerate(self.layers):
             kind = self.spec.layer_type(i)
             cos, sin = ropes.get(kind, ropes[FULL])
-            hidden, residual = layer(hidden, residual, cos, sin, masks[kind], cache, trace)
+            forced = {} if routing is None else {"routing": routing}  # sparse layers exist in DecoderLayer only
+            hidden, residual = layer(hidden, residual, cos, sin, masks[kind], cache, trace, **forced)
         if last_only:  # the norm and head are per position: only the last one is needed
             hidden = hidden[:, -1:]  # [B, 1, H]
             residual = None if residual is None else residual[:, -1:]
@@ -143,17 +154,25 @@ class Model(nn.Module):
 
 class CausalLM(nn.Module):
     def __init__(
-        self, spec: ModelSpec, *, kernels: str = "reference", tp: int = 1, group: dist.ProcessGroup | None = None
+        self,
+        spec: ModelSpec,
+        *,
+        kernels: str = "reference",
+        tp: int = 1,
+        group: dist.ProcessGroup | None = None,
+        ep_group: dist.ProcessGroup | None = None,
     ):
         """`spec` is the whole model's (ids and positions are checked against it); tp > 1 builds this rank's
-        shard in process `group` (the degree is the group's size)."""
+        shard in process `group` (the degree is the group's size). `ep_group`: the expert-parallel group
+        (torch_impl/expert_parallel.py); this rank holds its run of each sparse layer's experts."""
         super().__init__()
         self.spec = spec
         self.layout = rank_layout(spec, tp, group)
         self.module_spec = self.layout.local_spec  # what the modules and the KV cache are sized by
-        self.group = group
+        self.group, self.ep_group = group, ep_group
+        self.experts = rank_experts(spec, ep_group)
         self.kernels = resolve_kernels(kernels, on_gpu=torch.cuda.is_available())
-        self.model = Model(spec, kernels=self.kernels, tp=tp, group=group)
+        self.model = Model(spec, kernels=self.kernels, tp=tp, group=group, ep_group=ep_group)
         self.lm_head = column_linear(spec.hidden_size, self.module_spec.vocab_size, False, tp, group)
         self.eos_token_ids: tuple[int, ...] = ()  # set by the loader from the checkpoint
         self.tie_weights()
@@ -171,10 +190,13 @@ class CausalLM(nn.Module):
         cache: KVCache | None = None,
         last_only: bool = False,
         trace: dict[str, torch.Tensor] | None = None,
+        routing: dict[int, torch.Tensor | np.ndarray] | None = None,
     ) -> torch.Tensor:
         """Token ids [B, T] -> logits [B, T, V] ([B, 1, V] with `last_only`).
 
         attention_mask [B, past + T] marks real tokens (1) and padding (0) over every cached slot too.
+        routing: teacher-forced expert ids, sparse layer index -> [B, T, k] integers in [0, num_experts): that
+        layer uses them instead of its top-k, weighted by its own probabilities at them (torch_impl/moe.py).
         """
         device = self.model.embed_tokens.weight.device
         past = cache.length if cache is not None else 0
@@ -186,7 +208,8 @@ class CausalLM(nn.Module):
         else:  # numpy or torch, any integer dtype; each inside the RoPE range (spec/inputs.py)
             positions = torch.as_tensor(check_positions(positions, self.spec, b, t), device=device)
         masks = attention_masks(self.spec, key_valid, past, t, cache)
-        hidden = self.model(ids, positions, masks, cache, last_only, trace)
+        routing = check_routing(routing, self.spec, b, t, device)
+        hidden = self.model(ids, positions, masks, cache, last_only, trace, routing)
         if cache is not None:
             cache.advance(t)
         logits = self.lm_head(hidden)  # tied: the embedding table itself, F.linear(x, E)

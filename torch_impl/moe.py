@@ -1,0 +1,204 @@
+"""The sparse (mixture-of-experts) block: a router picks k experts per token, each a gated MLP, and their outputs
+are summed with the routing weights; Qwen2-MoE adds a shared expert behind a sigmoid gate.
+
+Mirrors jax_impl/moe.py and transformers' Qwen3MoeSparseMoeBlock / Qwen2MoeSparseMoeBlock / MixtralSparseMoeBlock:
+
+    router_logits = x Wr^T                                 [N, E], the activation dtype (F.linear)
+    probs = softmax(float32(router_logits))                [N, E] float32
+    topk_weights, topk_ids = top_k(probs, k)               ties: the lower expert index first (both backends)
+    topk_weights /= sum(topk_weights)                      norm_topk_prob (Mixtral: always)
+    topk_weights -> activation dtype                       Qwen; Mixtral keeps them float32 (router_weights_float32)
+    experts_out[n] = sum_j to_dtype(w[n, j] * expert_{ids[n, j]}(x_n)), accumulated in expert order
+
+torch.topk breaks ties arbitrarily on the CPU (measured: [.2, .2, .2, .2] -> ids 1, 3, 0), so the top-k is a
+stable descending sort, which keeps equal probabilities in index order as jax.lax.top_k does.
+
+Dispatch (`Experts`): the (token, slot) pairs are sorted by expert, gathered once, and each expert that has
+tokens runs one product over its contiguous rows, then the weighted rows are added back per token
+(`index_add_`, in expert order as transformers adds them). A decode step touches only the selected experts'
+weights. Under tensor parallelism each expert holds its slice of moe_intermediate_size (its rows of
+gate_up, columns of down, like a dense MLP); under expert parallelism (torch_impl/expert_parallel.py) a rank
+holds a contiguous run of whole experts. Either way a rank's `experts_out` is a partial sum, reduced once
+per block over the groups in `reduce_groups`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from spec import InputError, ModelSpec
+from torch_impl.activation import GATED
+from torch_impl.linear import Linear, linear
+from torch_impl.mlp import MLP
+from torch_impl.tensor_parallel import reduce_from_ranks, sum_grad_over_ranks
+
+
+class StackedLinear(nn.Module):
+    """E bias-free Linears stacked on a leading axis: `weight` [E, out, in] (torch layout, per expert)."""
+
+    def __init__(self, experts: int, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, out_features, in_features))
+
+
+def top_k(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, ids) of the k largest along the last axis, descending; equal values: the lower index first."""
+    values, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+    return values[..., :k], ids[..., :k]
+
+
+def check_routing(
+    routing: dict[int, object] | None, spec: ModelSpec, batch: int, length: int, device: torch.device
+) -> dict[int, torch.Tensor] | None:
+    """Teacher-forced expert ids: layer -> [B, T, k] integers in [0, E), each a sparse layer of `spec`.
+    Returns them as int64 tensors on `device`; an InputError names the layer and what is wrong."""
+    if routing is None:
+        return None
+    if not isinstance(routing, dict):
+        raise InputError(f"routing must be a dict layer index -> expert ids [B, T, k], got {type(routing).__name__}")
+    k, e, checked = spec.num_experts_per_tok, spec.num_experts, {}
+    for layer, ids in routing.items():
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not spec.is_sparse(int(layer)):
+            raise InputError(f"routing given for layer {layer!r}, which is not a sparse layer {spec.sparse_layers}")
+        array = ids.detach().cpu().numpy() if torch.is_tensor(ids) else np.asarray(ids)
+        if array.dtype.kind not in "iu":
+            raise InputError(f"routing for layer {layer}: expert ids have dtype {array.dtype}, not an integer dtype")
+        if array.shape != (batch, length, k):
+            raise InputError(
+                f"routing for layer {layer}: expert ids of shape {list(array.shape)}, expected "
+                f"[{batch}, {length}, {k}] (batch, tokens, num_experts_per_tok)"
+            )
+        bad = np.argwhere((array < 0) | (array >= e))
+        if len(bad):
+            where = tuple(int(i) for i in bad[0])
+            raise InputError(
+                f"routing for layer {layer}: expert id {int(array[where])} at {list(where)} is outside "
+                f"[0, {e}) (num_experts = {e})"
+            )
+        checked[int(layer)] = torch.as_tensor(array.astype(np.int64), device=device)
+    return checked
+
+
+class Experts(nn.Module):
+    """This rank's experts `first .. first + count - 1` (global indices), each a gated MLP of width `width`."""
+
+    def __init__(self, spec: ModelSpec, count: int, width: int, *, first: int = 0, kernels: str = "reference"):
+        super().__init__()
+        self.first, self.count = first, count
+        h = spec.hidden_size
+        self.gate_up_proj = StackedLinear(count, h, 2 * width)  # [count, 2W, H]: gate rows, then up rows
+        self.down_proj = StackedLinear(count, width, h)  # [count, H, W]
+        self.act_fn = GATED[spec.hidden_act](kernels=kernels)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [N, H], ids [N, k] global expert indices, weights [N, k] -> this rank's sum over its experts [N, H]."""
+        k = ids.shape[1]
+        flat = ids.reshape(-1) - self.first  # [N * k] local index; outside [0, count): another rank's expert
+        slots = ((flat >= 0) & (flat < self.count)).nonzero()[:, 0]  # [M] this rank's (token, slot) pairs
+        experts = flat[slots]
+        order = torch.argsort(experts, stable=True)  # by expert; within one, by token
+        slots, experts = slots[order], experts[order]  # [M]
+        tokens = slots // k  # [M]
+        rows = x[tokens]  # [M, H]: one gather
+        counts = torch.bincount(experts, minlength=self.count).tolist()
+        outs, start = [], 0
+        for e, n in enumerate(counts):  # only the experts that have tokens: their weights alone are read
+            if n:
+                act = self.act_fn(linear(rows[start : start + n], self.gate_up_proj.weight[e]))  # [n, W]
+                outs.append(linear(act, self.down_proj.weight[e]))  # [n, H]
+                start += n
+        out = torch.zeros_like(x)
+        if outs:
+            ys = torch.cat(outs) * weights.reshape(-1)[slots][:, None]  # [M, H]; float32 where the weights are
+            out = out.index_add(0, tokens, ys.to(x.dtype))
+        return out
+
+
+class SparseMoeBlock(nn.Module):
+    """Router, experts and (Qwen2-MoE) the shared expert of sparse layer `layer_idx`.
+
+    `spec` is the whole model's; `tp` splits each expert's width over `group`; `experts` is the range of global
+    expert indices this rank holds (expert parallelism, `ep_group`); `reduce_groups` are the groups over which
+    the partial expert outputs are summed."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_idx: int,
+        *,
+        kernels: str = "reference",
+        tp: int = 1,
+        group: dist.ProcessGroup | None = None,
+        experts: range | None = None,
+        ep_group: dist.ProcessGroup | None = None,
+    ):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.k, self.norm_topk_prob = spec.num_experts_per_tok, spec.norm_topk_prob
+        self.weights_float32 = spec.router_weights_float32
+        experts = range(spec.num_experts) if experts is None else experts
+        h = spec.hidden_size
+        self.router = Linear(h, spec.num_experts, bias=False)  # replicated on every rank
+        self.experts = Experts(
+            spec, len(experts), spec.moe_intermediate_size // tp, first=experts.start, kernels=kernels
+        )
+        self.reduce_groups = ([group] if tp > 1 else []) + ([ep_group] if len(experts) < spec.num_experts else [])
+        self.shared = spec.shared_expert_intermediate_size > 0
+        if self.shared:
+            si = spec.shared_expert_intermediate_size // tp
+            self.shared_expert = MLP(spec, layer_idx, kernels=kernels, tp=tp, group=group, intermediate_size=si)
+            self.shared_expert_gate = Linear(h, 1, bias=False)
+
+    def route(
+        self, x: torch.Tensor, forced: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [N, H] -> (router_logits [N, E], topk_ids [N, k], topk_weights [N, k]); `forced` ids replace the
+        top-k, and the weights are the probabilities at those ids."""
+        logits = self.router(x)  # [N, E] in the activation dtype, as transformers
+        probs = torch.softmax(logits.float(), dim=-1)  # [N, E]
+        if forced is None:
+            weights, ids = top_k(probs, self.k)
+        else:
+            ids, weights = forced, probs.gather(-1, forced)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if not self.weights_float32:
+            weights = weights.to(logits.dtype)
+        return logits, ids, weights
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        trace: dict[str, torch.Tensor] | None = None,
+        routing: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [B, T, H] -> [B, T, H]; `routing`: teacher-forced expert ids [B, T, k] (checked by the caller)."""
+        b, t, h = x.shape
+        flat = x.reshape(-1, h)  # [N, H]
+        forced = None if routing is None else routing.reshape(-1, self.k)  # [N, k]
+        logits, ids, weights = self.route(flat, forced)
+        experts_in = flat
+        for group in self.reduce_groups:  # each rank's partial output depends on x and the weights: sum dL/d them
+            experts_in = sum_grad_over_ranks(experts_in, group)
+            weights = sum_grad_over_ranks(weights, group)
+        out = self.experts(experts_in, ids, weights)  # [N, H]
+        if self.reduce_groups:
+            total = out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
+            for group in self.reduce_groups:
+                total = reduce_from_ranks(total, group)
+            out = total.to(x.dtype)
+        name = f"layers.{self.layer_idx}.moe"
+        if trace is not None:
+            trace[f"{name}.router_logits"] = logits.view(b, t, -1)
+            trace[f"{name}.topk_ids"] = ids.to(torch.int32).view(b, t, -1)
+            trace[f"{name}.topk_weights"] = weights.view(b, t, -1)
+            trace[f"{name}.experts_out"] = out.view(b, t, h)
+        if self.shared:
+            shared = torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)  # [N, H]
+            if trace is not None:
+                trace[f"{name}.shared_out"] = shared.view(b, t, h)
+            out = out + shared
+        return out.view(b, t, h)

@@ -20,6 +20,7 @@ plain-flow layers (post-norm, parallel residual: jax_impl/decoder_layer_plain.py
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
@@ -99,13 +100,13 @@ def _place(array: np.ndarray, dtype: jnp.dtype, transpose: bool) -> jax.Array:
     In the checkpoint's dtype numpy transposes on the host, as jax_impl/loader.py does; a cast (bf16 to the
     float32 baseline) runs on the device instead, so the host never holds a float32 copy beside the device's."""
     if array.dtype == dtype:
-        return jnp.asarray(array.T if transpose else array)
+        return jnp.asarray(np.swapaxes(array, -1, -2) if transpose else array)  # stacked experts: [E, in, out]
     return _cast_program(jnp.asarray(array), dtype, transpose)
 
 
 @partial(jax.jit, static_argnames=("dtype", "transpose"))
 def _cast_program(x: jax.Array, dtype: jnp.dtype, transpose: bool) -> jax.Array:
-    return (x.T if transpose else x).astype(dtype)
+    return (jnp.swapaxes(x, -1, -2) if transpose else x).astype(dtype)
 
 
 class Layerwise:
@@ -184,9 +185,13 @@ class Layerwise:
         """Load decoder layer `index`, run it on each input (recording into the matching trace), drop it."""
         if not self._embedded:
             raise InputError("run_layer before embed: a streamed forward starts with embed(ids)")
+        sparse = self.spec.is_sparse(index)  # built as layer 0 with layer index's MLP: a dense or a sparse block
+        as_layer0 = self.spec
+        if self.spec.num_experts:
+            as_layer0 = dataclasses.replace(self.spec, decoder_sparse_step=1, mlp_only_layers=() if sparse else (0,))
         graphdef, state = self._build(
-            ("layer",),
-            lambda: decoder_layer(self.spec, 0, dtype=self.dtype, kernels=self.kernels, rngs=nnx.Rngs(0)),
+            ("layer", sparse),
+            lambda: decoder_layer(as_layer0, 0, dtype=self.dtype, kernels=self.kernels, rngs=nnx.Rngs(0)),
             layer_params(self.directory, self.spec, index),
         )
         outputs = []

@@ -107,3 +107,22 @@ def test_stacked_experts_load_the_checkpoints_tensors(hf_checkpoint):
         np.testing.assert_array_equal(gate_up[e, :, :40], ckpt.get(f"{prefix}.gate_proj.weight").T)
         np.testing.assert_array_equal(gate_up[e, :, 40:], ckpt.get(f"{prefix}.up_proj.weight").T)
         np.testing.assert_array_equal(down[e], ckpt.get(f"{prefix}.down_proj.weight").T)
+
+
+def test_layer_streamed_matches_whole_model(hf_checkpoint):
+    """jax_impl.layerwise: each layer built as layer 0 with its own MLP kind (layer 1 is dense here)."""
+    from jax_impl.layerwise import Layerwise
+
+    directory = hf_checkpoint("qwen3_moe_e6k4")
+    ids = ids_for("qwen3_moe_e6k4", batch=1)
+    whole: dict = {}
+    np.asarray(load("jax", directory)(ids, trace=whole))
+    streamed, trace = Layerwise(directory), {}
+    boundary = [streamed.embed(ids, trace)]
+    for i in range(streamed.spec.num_hidden_layers):
+        boundary = streamed.run_layer(i, boundary, [trace])
+    logits = streamed.head(boundary, [trace])[0]
+    assert rel_err(np.asarray(logits), np.asarray(whole["logits"])) <= FP32_REL
+    for key in ("layers.0.moe.topk_ids", "layers.2.moe.topk_ids"):
+        np.testing.assert_array_equal(np.asarray(trace[key]), np.asarray(whole[key]))
+    assert "layers.1.mlp.gate_up" in trace and "layers.1.moe.topk_ids" not in trace

@@ -16,7 +16,7 @@ import numpy as np
 
 import spec
 from kernels import KERNEL_CHOICES
-from parity.capture import capture
+from parity.capture import capture, teacher_routing
 from parity.compare import Comparison, compare_traces
 from parity.components import component_order, hf_components
 from parity.environment import prepare_environment
@@ -28,10 +28,11 @@ from parity.tensor_parallel import jax_tp_logits, torch_tp_logits
 from parity.tolerances import tolerance_for
 from parity.trace import Capture
 from spec import CheckpointError, InputError, ModelSpec
-from spec.parallel import check_tp_degree
+from spec.parallel import check_ep_degree, check_tp_degree
 from spec.training import AdamW
 
 REFERENCES = ("hf",)
+ROUTING_MODES = ("free", "teacher")
 
 
 def resolve_checkpoint(checkpoint: str | Path | None) -> Path:
@@ -65,6 +66,8 @@ def check(
     steps: int = 0,
     optimizer: AdamW | None = None,
     stream: bool | None = None,
+    routing: str = "free",
+    ep: int = 1,
 ) -> Report:
     """Run torch and jax on the same weights and ids and compare them component by component.
 
@@ -79,7 +82,11 @@ def check(
     steps (settings: `optimizer`, default spec.training.AdamW()) and compare the parameters. stream: True runs
     the layer-streamed check (parity/stream.py: one layer's weights in memory at a time, free-running and
     teacher-forced), False the whole-model one, None (default) streams when the whole-model check would not fit
-    in the memory available (parity/memory.py). Raises spec.DecoderParityError for bad input.
+    in the memory available (parity/memory.py). routing (mixture-of-experts models): "free" (each run routes
+    itself; the report compares the choices, parity/routing.py) or "teacher" (jax, and transformers with
+    reference="hf", are given torch's expert choices, so the experts' arithmetic is compared even where a near-tie
+    flipped). ep > 1: also run both backends expert-parallel over ep (x tp) devices and compare their logits.
+    Raises spec.DecoderParityError for bad input.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise InputError(f"steps must be a non-negative integer, got {steps!r}")
@@ -87,15 +94,16 @@ def check(
         raise InputError("--steps with --tp is not supported yet (--grad --tp is: the vocabulary-parallel loss)")
     check_stream_options(stream, tp, grad or bool(steps))
     request = validate_request(
-        checkpoint, dtype, kernels, reference, ids, prompt, seq_len, batch, seed, baseline, tp
+        checkpoint, dtype, kernels, reference, ids, prompt, seq_len, batch, seed, baseline, tp, routing, ep
     )  # fmt: skip
-    prepare_environment(request.kernels, request.tp)  # before triton is imported or JAX starts
+    check_moe_options(request, stream, grad or bool(steps))
+    prepare_environment(request.kernels, request.tp * request.ep)  # before triton is imported or JAX starts
     say = log or (lambda _line: None)
     if grad or steps:
         from parity.gradients import grad_report
 
         return grad_report(request, steps, optimizer, say)
-    if stream is None and tp == 1:
+    if stream is None and tp == 1 and not request.spec.num_experts:  # the streamed check has no moe.* pieces yet
         from parity.memory import should_stream
 
         stream = should_stream(request, say)
@@ -120,6 +128,23 @@ def check_stream_options(stream: bool | None, tp: int, grad: bool) -> None:
         )
 
 
+def check_moe_options(request: Request, stream: bool | None, grad: bool) -> None:
+    """Refuse what the mixture-of-experts options cannot combine with."""
+    moe = request.spec.num_experts > 0
+    if request.routing == "teacher" and not moe:
+        raise InputError(
+            f"--teacher-forced-routing needs a mixture-of-experts model ({request.spec.model_type} is dense: "
+            "it has no expert choices to force)"
+        )
+    if (request.routing == "teacher" or request.ep > 1) and grad:
+        raise InputError("--teacher-forced-routing and --ep compare the forward pass: drop --grad / --steps")
+    if moe and stream:
+        raise InputError(
+            "--stream is not supported on mixture-of-experts models yet (the streamed pieces hold no router or "
+            "experts); drop --stream"
+        )
+
+
 def validate_request(
     checkpoint: str | Path | None,
     dtype: str,
@@ -132,6 +157,8 @@ def validate_request(
     seed: int,
     baseline: bool | None,
     tp: int,
+    routing: str = "free",
+    ep: int = 1,
 ) -> Request:
     """Everything that can be checked without loading a model: directory, config, options, ids, tensors."""
     directory = resolve_checkpoint(checkpoint)
@@ -153,8 +180,11 @@ def validate_request(
             "(pip install 'decoder-parity[triton]')"
         )
     check_tp_degree(model_spec, tp)
+    if routing not in ROUTING_MODES:
+        raise InputError(f"routing {routing!r} is not one of {', '.join(ROUTING_MODES)}")
+    check_ep_degree(model_spec, ep)  # refuses a dense model, and an ep that does not divide num_experts
     baseline = (dtype != "float32") if baseline is None else (baseline and dtype != "float32")
-    return Request(directory, model_spec, token_ids, dtype, kernels, reference, baseline, tp)
+    return Request(directory, model_spec, token_ids, dtype, kernels, reference, baseline, tp, routing, ep)
 
 
 class _Run:
@@ -166,10 +196,13 @@ class _Run:
         self.names = component_order(request.spec.num_hidden_layers, request.spec)
         self.timings: dict[str, dict[str, float]] = {}
 
-    def capture(self, backend: str, dtype: str, kernels: str) -> Capture:
+    def capture(self, backend: str, dtype: str, kernels: str, routing: dict | None = None) -> Capture:
         r = self.request
-        self.say(f"{backend} {dtype} (kernels={kernels}): loading {r.directory}")
-        cap = capture(backend, r.directory, r.ids, dtype=dtype, kernels=kernels, progress=self.progress)
+        forced = " with torch's expert choices" if routing is not None else ""
+        self.say(f"{backend} {dtype} (kernels={kernels}){forced}: loading {r.directory}")
+        cap = capture(
+            backend, r.directory, r.ids, dtype=dtype, kernels=kernels, progress=self.progress, routing=routing
+        )
         self.timings[f"{backend}/{dtype}"] = {"load_s": round(cap.load_s, 3), "run_s": round(cap.run_s, 3)}
         self.say(f"{backend} {dtype}: loaded in {cap.load_s:.1f}s, traced forward in {cap.run_s:.1f}s")
         return cap
@@ -193,11 +226,13 @@ class _Run:
     def tensor_parallel(self, torch_run: Capture, jax_run: Capture) -> list[Comparison]:
         """Both backends' sharded logits against each other and against their own unsharded runs."""
         r, on = self.request, ["logits"]
-        self.say(f"torch {r.dtype}: tensor-parallel over {r.tp} gloo processes")
-        sharded_torch = {"logits": torch_tp_logits(r.directory, r.ids, r.tp, r.dtype)}
-        self.say(f"jax {r.dtype}: tensor-parallel over a {r.tp}-device mesh")
-        sharded_jax = {"logits": jax_tp_logits(r.directory, r.ids, r.tp, r.dtype)}
-        torch_tp, jax_tp = f"torch/tp{r.tp}", f"jax/tp{r.tp}"
+        what = "tensor-parallel" if r.ep == 1 else f"tensor-parallel {r.tp} x expert-parallel {r.ep}"
+        self.say(f"torch {r.dtype}: {what} over {r.tp * r.ep} gloo processes")
+        sharded_torch = {"logits": torch_tp_logits(r.directory, r.ids, r.tp, r.dtype, ep=r.ep)}
+        self.say(f"jax {r.dtype}: {what} over a {r.tp * r.ep}-device mesh")
+        sharded_jax = {"logits": jax_tp_logits(r.directory, r.ids, r.tp, r.dtype, ep=r.ep)}
+        degree = f"tp{r.tp}" if r.ep == 1 else (f"ep{r.ep}" if r.tp == 1 else f"tp{r.tp}ep{r.ep}")
+        torch_tp, jax_tp = f"torch/{degree}", f"jax/{degree}"
         return [
             self.compare(sharded_torch, sharded_jax, (torch_tp, jax_tp), on),
             self.compare(sharded_torch, torch_run.trace, (torch_tp, "torch"), on),
@@ -210,15 +245,20 @@ class _Run:
         torch_run = self.capture("torch", r.dtype, r.kernels)
         if r.baseline:
             drift.append(self.drift(torch_run))
-        jax_run = self.capture("jax", r.dtype, r.kernels)
+        forced = teacher_routing(torch_run.trace, r.spec.sparse_layers) if r.routing == "teacher" else None
+        jax_run = self.capture("jax", r.dtype, r.kernels, forced)
         comparisons = [self.compare(torch_run.trace, jax_run.trace, ("torch", "jax"))]
         if r.reference == "hf":
-            hf_trace = self.capture("hf", r.dtype, "-").trace
+            hf_trace = self.capture("hf", r.dtype, "-", forced).trace
             for cap in (torch_run, jax_run):
-                on = hf_components(r.spec.num_hidden_layers)
+                on = hf_components(r.spec.num_hidden_layers, r.spec)
                 comparisons.append(self.compare(cap.trace, hf_trace, (cap.backend, "hf"), on))
             del hf_trace
-        if r.tp > 1:
+        if forced is not None:
+            given = "jax and transformers were" if r.reference == "hf" else "jax was"
+            for c in comparisons:
+                c.routing_note = f"teacher-forced: {given} given torch's expert choices"
+        if r.tp > 1 or r.ep > 1:
             comparisons += self.tensor_parallel(torch_run, jax_run)
         resolved = {"torch": torch_run.kernels, "jax": jax_run.kernels}
         del torch_run

@@ -5,6 +5,9 @@ model before the next capture starts, so a check holds one model (plus the small
 than four. The torch trace is converted as the forward records it (layer by layer); JAX returns its trace
 from one compiled program, converted and released array by array.
 
+`routing` (teacher-forced routing, issue 18): sparse layer -> expert ids [B, T, k] each backend uses instead of
+its own choice (the backends' `routing=` keyword; transformers' through a router hook).
+
 Backends are reached through their packages' attributes (`torch_impl.from_pretrained`, ...) at call time,
 so tests can substitute a loader without any hook in this file.
 """
@@ -31,8 +34,17 @@ class _Float32Trace(dict):
         super().__setitem__(name, value.detach().float().cpu().numpy())
 
 
+Routing = dict[int, np.ndarray] | None
+
+
 def capture_torch(
-    checkpoint: str | Path, ids: np.ndarray, *, dtype: str, kernels: str = "reference", progress: bool = False
+    checkpoint: str | Path,
+    ids: np.ndarray,
+    *,
+    dtype: str,
+    kernels: str = "reference",
+    progress: bool = False,
+    routing: Routing = None,
 ) -> Capture:
     import torch
 
@@ -44,7 +56,7 @@ def capture_torch(
     loaded = time.perf_counter()
     trace = _Float32Trace()
     with torch.inference_mode():
-        model(ids, trace=trace)
+        model(ids, trace=trace, **_routing(routing))
     run = time.perf_counter() - loaded
     resolved = model.kernels
     del model
@@ -53,7 +65,13 @@ def capture_torch(
 
 
 def capture_jax(
-    checkpoint: str | Path, ids: np.ndarray, *, dtype: str, kernels: str = "reference", progress: bool = False
+    checkpoint: str | Path,
+    ids: np.ndarray,
+    *,
+    dtype: str,
+    kernels: str = "reference",
+    progress: bool = False,
+    routing: Routing = None,
 ) -> Capture:
     import jax_impl
 
@@ -61,7 +79,7 @@ def capture_jax(
     model = jax_impl.from_pretrained(checkpoint, dtype, kernels=kernels, progress=progress)
     loaded = time.perf_counter()
     raw: dict = {}
-    model(ids, trace=raw)  # one compiled program; compile time is part of run_s
+    model(ids, trace=raw, **_routing(routing))  # one compiled program; compile time is part of run_s
     trace = {}
     for name in list(raw):
         trace[name] = np.asarray(raw.pop(name)).astype(np.float32)  # via ml_dtypes for bfloat16
@@ -80,12 +98,23 @@ def capture(
     dtype: str,
     kernels: str = "reference",
     progress: bool = False,
+    routing: Routing = None,
 ) -> Capture:
-    """Load `backend` ("torch", "jax" or "hf") at `dtype` and capture its trace of `ids`."""
+    """Load `backend` ("torch", "jax" or "hf") at `dtype` and capture its trace of `ids` (`routing`: forced)."""
     if backend == "torch":
-        return capture_torch(checkpoint, ids, dtype=dtype, kernels=kernels, progress=progress)
+        return capture_torch(checkpoint, ids, dtype=dtype, kernels=kernels, progress=progress, routing=routing)
     if backend == "jax":
-        return capture_jax(checkpoint, ids, dtype=dtype, kernels=kernels, progress=progress)
+        return capture_jax(checkpoint, ids, dtype=dtype, kernels=kernels, progress=progress, routing=routing)
     if backend == "hf":
-        return capture_hf(checkpoint, ids, dtype=dtype, progress=progress)
+        return capture_hf(checkpoint, ids, dtype=dtype, progress=progress, routing=routing)
     raise ValueError(f"unknown backend {backend!r}")
+
+
+def _routing(routing: Routing) -> dict:
+    """The forward's routing keyword, only when given: a dense model's forward is called exactly as before."""
+    return {} if routing is None else {"routing": {i: np.asarray(v, dtype=np.int32) for i, v in routing.items()}}
+
+
+def teacher_routing(trace: dict[str, np.ndarray], sparse_layers: tuple[int, ...]) -> dict[int, np.ndarray]:
+    """A run's own expert choices, per sparse layer, as the ids to force on another run ([B, T, k] int32)."""
+    return {i: trace[f"layers.{i}.moe.topk_ids"].astype(np.int32) for i in sparse_layers}

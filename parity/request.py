@@ -25,3 +25,5 @@ class Request:
     reference: str | None
     baseline: bool
     tp: int
+    routing: str = "free"  # "free": each run routes itself; "teacher": the others get torch's expert choices
+    ep: int = 1  # expert-parallel degree of the sharded runs (mixture-of-experts models)

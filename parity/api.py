@@ -128,6 +128,17 @@ def check_stream_options(stream: bool | None, tp: int, grad: bool) -> None:
         )
 
 
+def check_moe_request(checkpoint: str | Path | None, ep: int, teacher: bool) -> None:
+    """The CLI's early refusal of --ep / --teacher-forced-routing on a model without experts (reads the config)."""
+    model_spec = ModelSpec.from_pretrained(resolve_checkpoint(checkpoint))
+    if teacher and not model_spec.num_experts:
+        raise InputError(
+            f"--teacher-forced-routing needs a mixture-of-experts model ({model_spec.model_type} is dense: "
+            "it has no expert choices to force)"
+        )
+    check_ep_degree(model_spec, ep)
+
+
 def check_moe_options(request: Request, stream: bool | None, grad: bool) -> None:
     """Refuse what the mixture-of-experts options cannot combine with."""
     moe = request.spec.num_experts > 0
@@ -280,4 +291,13 @@ class _Run:
         )
 
 
-__all__ = ["REFERENCES", "Request", "check", "check_stream_options", "resolve_checkpoint", "validate_request"]
+__all__ = [
+    "REFERENCES",
+    "ROUTING_MODES",
+    "Request",
+    "check",
+    "check_moe_request",
+    "check_stream_options",
+    "resolve_checkpoint",
+    "validate_request",
+]

@@ -66,6 +66,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--tp", type=_positive_int, default=1, help="also run both backends tensor-parallel on N devices")
     p.add_argument(
+        "--ep",
+        type=_positive_int,
+        default=1,
+        help="mixture-of-experts models: also run both backends expert-parallel, experts sharded over N ranks "
+        "(times --tp), and compare their logits",
+    )
+    p.add_argument(
+        "--teacher-forced-routing",
+        action="store_true",
+        help="mixture-of-experts models: give jax (and transformers with --reference hf) torch's expert choices, so "
+        "the experts' arithmetic is compared even where a near-tie sent a token elsewhere",
+    )
+    p.add_argument(
         "--grad",
         action="store_true",
         help="compare the loss and every parameter gradient (backward order) instead of the forward components",
@@ -109,7 +122,11 @@ def run(args: argparse.Namespace) -> int:
 
     check_stream_options(args.stream or None, args.tp, args.grad or args.steps > 0)  # before --tp starts JAX
     # Before anything imports triton or starts JAX (parity/environment.py).
-    prepare_environment(args.kernels, args.tp)
+    if args.ep > 1 or args.teacher_forced_routing:  # refused on a dense model before JAX gets ep devices
+        from parity.api import check_moe_request
+
+        check_moe_request(args.checkpoint, args.ep, args.teacher_forced_routing)
+    prepare_environment(args.kernels, args.tp * args.ep)
     from parity.api import check
     from spec import allow_nonfinite_weights
 
@@ -135,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
             grad=args.grad or args.steps > 0,
             steps=args.steps,
             stream=True if args.stream else None,
+            routing="teacher" if args.teacher_forced_routing else "free",
+            ep=args.ep,
         )
     print(report.format())
     if args.json:

@@ -3,8 +3,9 @@
 Tokens stream to stdout as they are produced (decoded with the checkpoint's tokenizer.json when present,
 else as ids); tokens/s goes to stderr at the end. `--backend both` runs torch_impl then jax_impl on the
 same request and reports the first step where they differ. `--tp N` runs the tensor-parallel path (JAX on
-N simulated CPU devices; torch on N gloo processes). The whole request (options, ids, sampling, the
-checkpoint's headers) is validated before any model loads, so bad input exits 2 in a second.
+N simulated CPU devices; torch on N gloo processes); `--ep N` (mixture-of-experts models) shards the experts
+too. The whole request (options, ids, sampling, the checkpoint's headers) is validated before any model loads,
+so bad input exits 2 in a second.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from spec import Checkpoint, InputError, ModelSpec, allow_nonfinite_weights, def
 from spec.generation import SamplingParams, prepare_prompts
 from spec.inputs import MAX_SEED
 from spec.json_fields import MAX_SIZE
-from spec.parallel import check_tp_degree
+from spec.parallel import check_ep_degree, check_tp_degree
 
 _REPLACEMENT = "\ufffd"  # what a decoder shows for a UTF-8 character cut off mid-way
 
@@ -44,6 +45,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tp", type=int_option(1, MAX_SIZE), default=1, help="tensor-parallel degree (simulated devices on CPU)"
     )
+    p.add_argument(
+        "--ep",
+        type=int_option(1, MAX_SIZE),
+        default=1,
+        help="expert-parallel degree (mixture-of-experts models; times --tp devices or processes)",
+    )
     p.add_argument("--allow-nonfinite", action="store_true", help="load weights holding NaN/Inf (debugging)")
     p.set_defaults(run=run)
 
@@ -62,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     prepare_prompts(ids, spec, args.max_new_tokens)
     if args.tp > 1:
         check_tp_degree(spec, args.tp)
-    prepare_environment(args.kernels, args.tp)
+    check_ep_degree(spec, args.ep)  # a dense model is refused here, naming why
+    prepare_environment(args.kernels, args.tp * args.ep)
     decode = make_decoder(directory)
     backends = ("torch", "jax") if args.backend == "both" else (args.backend,)
     results = {}
@@ -136,9 +144,11 @@ def generate_with(backend: str, directory: Path, ids: np.ndarray, args: argparse
     if backend == "torch":
         import torch_impl
 
-        if args.tp > 1:  # ranks run in their own processes: tokens are printed once rank 0 returns them
+        if args.tp > 1 or args.ep > 1:  # ranks run in their own processes: tokens are printed once rank 0 returns them
             from torch_impl.tp_launch import launch_generate
 
+            if args.ep > 1:
+                kwargs["ep"] = args.ep
             gen = launch_generate(directory, ids, args.max_new_tokens, args.tp, dtype=args.dtype, **kwargs)
             sys.stdout.write(decode(gen.tokens[0]))
             return gen
@@ -149,10 +159,10 @@ def generate_with(backend: str, directory: Path, ids: np.ndarray, args: argparse
     import jax_impl
 
     mesh = None
-    if args.tp > 1:
+    if args.tp > 1 or args.ep > 1:
         from jax_impl.tensor_parallel import make_mesh
 
-        mesh = make_mesh(args.tp)
+        mesh = make_mesh(args.tp, **({"ep": args.ep} if args.ep > 1 else {}))
     model = jax_impl.from_pretrained(directory, args.dtype, kernels=args.kernels, progress=True, mesh=mesh)
     gen = jax_impl.generate(model, ids, args.max_new_tokens, stream=stream, mesh=mesh, **kwargs)
     stream.finish()

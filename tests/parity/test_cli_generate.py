@@ -44,6 +44,8 @@ def test_generate_streams_ids_without_tokenizer(tmp_path, capsys):
         (["--tp", "0"], "argument --tp: must be >= 1, got 0"),
         (["--tp", "-1"], "argument --tp: must be >= 1, got -1"),
         (["--tp", "3"], "tensor-parallel degree 3 does not fit this model"),
+        (["--ep", "2"], "expert-parallel degree 2 needs a mixture-of-experts model (qwen3 is dense)"),
+        (["--ep", "0"], "argument --ep: must be >= 1, got 0"),
         (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
         (["--seed", str(2**70)], "argument --seed: must be <= 9223372036854775807"),
         (["--dtype", "float64"], "invalid choice: 'float64'"),

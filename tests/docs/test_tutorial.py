@@ -1,10 +1,14 @@
 """docs/tutorial.md is executed and cross-checked here, so that it cannot drift from the code.
 
-- Every ```python block runs, in file order, in ONE shared namespace, in a fresh subprocess whose working
-  directory is the repository root (as a reader's fresh session would: the tutorial's first block sets
-  TRITON_INTERPRET and XLA_FLAGS before triton and JAX are imported). The subprocess gets an empty cache
-  directory, so the built-in checkpoint is written from scratch, as on a fresh clone. ```console / ```text
-  blocks are never executed.
+- Every ```python block runs, in file order, in a fresh subprocess whose working directory is the repository
+  root (as a reader's fresh session would: the tutorial's first block sets TRITON_INTERPRET and the JAX
+  device count before triton and JAX start). Section 0's blocks share one namespace; every later section
+  runs in its own copy of the namespace section 0 left, so a section that reads a name only an earlier
+  section defines fails with a NameError here, as it would for a reader who runs section 0 and jumps to it.
+  No section rebinds a name section 0 defines (checked statically), so running the whole file in one
+  namespace, as a reader going through it in order does, is the same program. The subprocess gets an empty
+  cache directory, so the built-in checkpoint is written from scratch, as on a fresh clone. ```console /
+  ```text / ```mermaid blocks are never executed.
 - Output: a ```text block preceded by the line `<!-- output -->` shows the stdout of the python block just
   before it and must say the same thing on any machine (`output_mismatch`, rules beside it: words exactly,
   whitespace and column widths ignored, integers exactly, decimals to the digits shown, and a parity
@@ -21,8 +25,10 @@
   the default spec (a few, listed in VARIANT_ONLY, for the untied / q-k-v-bias variant of it) or for one of the
   family checkpoints of tests/hf_models.py (sections 10 to 14); parity component names (`layers.{i}.mlp.act`,
   `final_norm`, ...) must be components some family records (parity.forward_order).
-- Sections stand alone: every name a section's code reads is defined in section 0 or in that section, so a
-  reader can run section 0 and jump anywhere (`--sections=10,12` runs exactly that).
+- Sections stand alone: every name a section's code reads is defined in section 0 or in that section
+  (statically, and at run time by the per-section namespaces above). Process state (imported modules, JAX's
+  caches, torch's global seed) is shared by the sections of one run; `TUTORIAL_FRESH_PROCESSES=1` adds one
+  test per section that runs section 0 and that section alone in a fresh process (15-25 s each: not in CI).
 
 Run `python tests/docs/test_tutorial.py` to execute the tutorial and print each block's output and any
 mismatch; `--sections=10,12` runs section 0 and then only those sections; `--update` rewrites the output
@@ -46,6 +52,8 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TUTORIAL = REPO / "docs" / "tutorial.md"
@@ -151,20 +159,73 @@ def undefined_names(text: str) -> dict[int, set[str]]:
     return {n: used - bound - setup for n, (bound, used) in per_section.items() if n and used - bound - setup}
 
 
+def _module_bindings(code: str) -> dict[str, str]:
+    """Names a block binds at module level -> what binds them ("import X.Y" for an import, else "assign"):
+    function bodies, lambdas, classes and comprehensions have their own scopes and are not descended into."""
+    found: dict[str, str] = {}
+    scoped = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
+              ast.DictComp, ast.GeneratorExp)  # fmt: skip
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found[node.name] = "assign"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                found[(a.asname or a.name).split(".")[0]] = f"import {a.name if a.asname else a.name.split('.')[0]}"
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                found[a.asname or a.name] = f"import {node.module}.{a.name}"
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            found[node.id] = "assign"
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            found[node.name] = "assign"
+        if not isinstance(node, scoped):
+            for child in ast.iter_child_nodes(node):
+                visit(child)
+
+    for statement in ast.parse(code).body:
+        visit(statement)
+    return found
+
+
+def rebound_setup_names(text: str) -> dict[int, set[str]]:
+    """Per section: the names section 0 binds that the section binds again at module level (other than by
+    importing the same object again). Empty means running the file in one namespace equals running each
+    section in its own copy of section 0's namespace."""
+    ranges = section_ranges(text)
+    per_section: dict[int, dict[str, str]] = {}
+    for block in parse_blocks(text):
+        if block.lang == "python":
+            per_section.setdefault(section_of(block.line, ranges), {}).update(_module_bindings(block.code))
+    setup = per_section.get(0, {})
+    rebound = {
+        n: {name for name, how in names.items() if name in setup and not (how == setup[name] != "assign")}
+        for n, names in per_section.items()
+        if n
+    }
+    return {n: names for n, names in rebound.items() if names}
+
+
 # ---- running (in a subprocess: `python tests/docs/test_tutorial.py --json OUT`) ------------------------------
 def run_blocks(path: Path, sections: set[int] | None = None) -> list[dict]:
-    """Execute the python blocks in one namespace; per block: its line, stdout, seconds, and error (or None).
+    """Execute the python blocks; per block: its line, section, stdout, seconds, and error (or None).
 
-    `sections`: only section 0's blocks and those of these sections (a reader who jumps to a section)."""
-    namespace: dict = {"__name__": "__tutorial__"}
+    Section 0's blocks run in one namespace; each later section in its own copy of the namespace section 0
+    left (what a reader who runs section 0 and then jumps to that section has). `sections`: only section 0's
+    blocks and those of these sections. A failing block stops its section, not the run."""
+    setup: dict = {"__name__": "__tutorial__"}
+    namespaces: dict[int | None, dict] = {0: setup}
+    failed: set[int | None] = set()
     results = []
     text = path.read_text()
     ranges = section_ranges(text)
     for block in parse_blocks(text):
-        if block.lang != "python":
+        section = section_of(block.line, ranges)
+        if block.lang != "python" or section in failed or 0 in failed:
             continue
-        if sections is not None and section_of(block.line, ranges) not in {0, *sections}:
+        if sections is not None and section not in {0, *sections}:
             continue
+        namespace = namespaces.setdefault(section, dict(setup))  # first block of a section: a fresh copy
         # Pad with newlines so that tracebacks name the tutorial's own line numbers.
         code = compile("\n" * block.line + block.code, str(path.relative_to(REPO)), "exec")
         out = io.StringIO()
@@ -176,10 +237,11 @@ def run_blocks(path: Path, sections: set[int] | None = None) -> list[dict]:
             except BaseException:  # report everything, including SystemExit from a CLI call
                 error = traceback.format_exc()
         results.append(
-            {"line": block.line, "stdout": out.getvalue(), "seconds": time.perf_counter() - start, "error": error}
-        )
+            {"line": block.line, "section": section, "stdout": out.getvalue(),
+             "seconds": time.perf_counter() - start, "error": error}
+        )  # fmt: skip
         if error:
-            break
+            failed.add(section)
     return results
 
 
@@ -483,7 +545,9 @@ def test_tutorial_runs_and_shows_its_real_output(tmp_path):
     results = _run_tutorial(TUTORIAL, str(tmp_path / "cache"))
     blocks = {b.line: b for b in parse_blocks(TUTORIAL.read_text()) if b.lang == "python"}
     failed = [r for r in results if r["error"]]
-    assert not failed, f"docs/tutorial.md block at line {failed[0]['line']} failed:\n{failed[0]['error']}"
+    assert not failed, "\n".join(
+        f"docs/tutorial.md block at line {r['line']} (section {r['section']}) failed:\n{r['error']}" for r in failed
+    )
     assert len(results) == len(blocks)
     problems = []
     for result in results:
@@ -562,6 +626,40 @@ def test_every_section_defines_what_it_uses():
     # section 0 or in that section (statically: names, not values; run one with --sections=N to see it work).
     assert not undefined_names(TUTORIAL.read_text())
     assert undefined_names("## 0. Set-up\n```python\nx = 1\n```\n## 1. A\n```python\nprint(x, y)\n```\n") == {1: {"y"}}
+
+
+def test_no_section_rebinds_a_setup_name():
+    # With this, the whole file run in one namespace (a reader going through it in order) is the same program
+    # as each section run in its own copy of section 0's namespace (what the test above runs).
+    assert not rebound_setup_names(TUTORIAL.read_text())
+    text = "## 0. S\n```python\nimport os\nd = 1\n```\n## 1. A\n```python\nimport os\nd = [k for k in (1,)]\n```\n"
+    assert rebound_setup_names(text) == {1: {"d"}}
+    assert rebound_setup_names(text.replace("d = [k", "e = [d")) == {}  # a comprehension's names are its own
+
+
+def test_sections_run_in_their_own_namespaces(tmp_path):
+    text = "## 0. S\n```python\na = 1\n```\n## 1. A\n```python\nb = a\n```\n## 2. B\n```python\nprint(b)\n```\n"
+    path = REPO / "docs" / f".tutorial-test-{os.getpid()}.md"  # run_blocks names blocks relative to the repo
+    try:
+        path.write_text(text)
+        results = run_blocks(path)
+    finally:
+        path.unlink()
+    assert [r["section"] for r in results] == [0, 1, 2]
+    assert results[1]["error"] is None and "NameError" in results[2]["error"]
+
+
+def _sections() -> list[int]:
+    return sorted(n for n in section_ranges(TUTORIAL.read_text()) if n)
+
+
+@pytest.mark.skipif(not os.environ.get("TUTORIAL_FRESH_PROCESSES"), reason="set TUTORIAL_FRESH_PROCESSES=1")
+@pytest.mark.parametrize("section", _sections())
+def test_each_section_runs_after_section_0_in_a_fresh_process(section, tmp_path):
+    results = _run_tutorial(TUTORIAL, str(tmp_path / "cache"), {section})
+    failed = [r for r in results if r["error"]]
+    assert not failed, f"section {section}, block at line {failed[0]['line']}:\n{failed[0]['error']}"
+    assert {r["section"] for r in results} == {0, section}
 
 
 def test_section_runner_selects_section_0_and_the_asked_sections():

@@ -1,12 +1,15 @@
 """Launching a tensor-parallel run: a local process group, rank 0's result back in the caller.
 
 Companion of torch_impl/tensor_parallel.py and what a CLI calls (`decoder-parity check --tp N`,
-`generate --tp N`): `run_tp` spawns `tp` processes with torch.multiprocessing, joins them in one gloo (CPU)
+`generate --tp N`): `run_tp` spawns `tp` processes (`tp * ep` with expert parallelism: ranks laid out
+ep_rank * tp + tp_rank, torch_impl/expert_parallel.py) with torch.multiprocessing, joins them in one gloo (CPU)
 or nccl (one GPU per rank) group and returns rank 0's result, re-raising a rank's exception with its own
 type; `launch_logits` and `launch_generate` take a checkpoint path, validate the request in the caller
 before any process starts, then load a shard per rank with the ordinary `from_pretrained(..., group=...)`
-and call the ordinary forward / `generate`. JAX needs no launcher: one process drives every device.
-Under torchrun, call `from_pretrained(path, group=dist.group.WORLD)` and `generate` in each process instead.
+and call the ordinary forward / `generate`; `launched_groups()` gives a worker its (tp, ep) groups. JAX needs
+no launcher: one process drives every device. Under torchrun, call `from_pretrained(path,
+group=dist.group.WORLD)` (with expert parallelism: `group=..., ep_group=...` from
+`expert_parallel.parallel_groups(tp, ep)`) and `generate` in each process instead.
 """
 
 from __future__ import annotations
@@ -28,16 +31,32 @@ import torch.multiprocessing as mp
 from spec import ConfigError, DecoderParityError, ModelSpec, check_token_ids
 from spec.checkpoint import allow_nonfinite_weights, nonfinite_weights_allowed
 from spec.generation import Generation, prepare_prompts
-from spec.parallel import check_tp_degree
+from spec.parallel import check_ep_degree, check_tp_degree
+from torch_impl.expert_parallel import parallel_groups
 from torch_impl.generate import generate
 from torch_impl.loader import from_pretrained
 from torch_impl.vocab_parallel import gather_logits
 
-__all__ = ["launch_generate", "launch_grads", "launch_logits", "run_tp", "tp_device"]
+__all__ = ["launch_generate", "launch_grads", "launch_logits", "launched_groups", "run_tp", "tp_device"]
+
+_GROUPS: tuple[dist.ProcessGroup | None, dist.ProcessGroup | None] = (None, None)  # this worker's (tp, ep) groups
 
 
-def run_tp(fn: Callable[..., Any], tp: int, *args: Any, backend: str = "gloo", timeout: timedelta | None = None) -> Any:
-    """Run `fn(*args)` in `tp` spawned processes joined in one process group; return rank 0's result.
+def launched_groups() -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """In a `run_tp` worker: (tensor-parallel group, expert-parallel group) of this process, for
+    `from_pretrained(path, group=..., ep_group=...)`. Without expert parallelism: (the world, None)."""
+    return _GROUPS
+
+
+def run_tp(
+    fn: Callable[..., Any],
+    tp: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout: timedelta | None = None,
+    ep: int = 1,
+) -> Any:
+    """Run `fn(*args)` in `tp * ep` spawned processes joined in one process group; return rank 0's result.
 
     The group meets through a file in a private temporary directory (no port to pick); gloo binds the
     loopback interface, nccl gives rank r the GPU cuda:r (see `tp_device`). `fn` and `args` must be
@@ -46,13 +65,17 @@ def run_tp(fn: Callable[..., Any], tp: int, *args: Any, backend: str = "gloo", t
     """
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ConfigError(f"tensor-parallel degree must be a positive integer, got {tp!r}")
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise ConfigError(f"expert-parallel degree must be a positive integer, got {ep!r}")
+    world = tp * ep
     with tempfile.TemporaryDirectory(prefix="decoder-parity-tp-") as workdir:
         try:
             # A context setting does not cross into spawned processes: hand it over (check --allow-nonfinite).
             allow = nonfinite_weights_allowed()
-            mp.spawn(_worker, args=(fn, tp, backend, workdir, timeout, allow, args), nprocs=tp, join=True)
+            spawn_args = (fn, (tp, ep), backend, workdir, timeout, allow, args)
+            mp.spawn(_worker, args=spawn_args, nprocs=world, join=True)
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:
-            _reraise(Path(workdir), tp, failure.error_index, failure)
+            _reraise(Path(workdir), world, failure.error_index, failure)
             raise
         with open(Path(workdir) / "result.pkl", "rb") as f:  # written by our rank 0 in our private directory
             return pickle.load(f)
@@ -68,23 +91,27 @@ def tp_device() -> torch.device:
 def _worker(
     rank: int,
     fn: Callable[..., Any],
-    tp: int,
+    degrees: tuple[int, int],
     backend: str,
     workdir: str,
     timeout: timedelta | None,
     allow_nonfinite: bool,
     args: tuple,
 ) -> None:
+    global _GROUPS
+    tp, ep = degrees
+    world = tp * ep
     if backend == "gloo":
         loopback = next((name for _, name in _socket_interfaces() if name.startswith("lo")), None)
         if loopback is not None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)  # never leave the machine
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))  # ranks share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # ranks share the cores
     elif backend == "nccl":
         torch.cuda.set_device(rank)
     kwargs = {} if timeout is None else {"timeout": timeout}
-    dist.init_process_group(backend, init_method=f"file://{workdir}/store", rank=rank, world_size=tp, **kwargs)
+    dist.init_process_group(backend, init_method=f"file://{workdir}/store", rank=rank, world_size=world, **kwargs)
     try:
+        _GROUPS = parallel_groups(tp, ep) if ep > 1 else (dist.group.WORLD, None)
         with allow_nonfinite_weights(allow_nonfinite):
             result = fn(*args)
         if rank == 0:
@@ -144,12 +171,15 @@ def launch_logits(
     dtype: torch.dtype | str = torch.float32,
     kernels: str = "reference",
     backend: str = "gloo",
+    ep: int = 1,
 ) -> torch.Tensor:
-    """Full logits [B, T, V] of a `tp`-way sharded forward, gathered (the check path), on the CPU."""
+    """Full logits [B, T, V] of a `tp`-way sharded forward (times `ep`-way expert-parallel), gathered (the check
+    path), on the CPU."""
     spec = ModelSpec.from_pretrained(path)
     check_tp_degree(spec, tp)  # fail here, before any process starts
+    check_ep_degree(spec, ep)
     ids = check_token_ids(input_ids, spec)
-    return run_tp(_logits_worker, tp, str(path), ids, attention_mask, dtype, kernels, backend=backend)
+    return run_tp(_logits_worker, tp, str(path), ids, attention_mask, dtype, kernels, backend=backend, ep=ep)
 
 
 def launch_generate(
@@ -161,15 +191,17 @@ def launch_generate(
     dtype: torch.dtype | str = torch.float32,
     kernels: str = "reference",
     backend: str = "gloo",
+    ep: int = 1,
     **generate_kwargs: Any,
 ) -> Generation:
-    """`generate` on a `tp`-way sharded model; rank 0's Generation. A `stream` must be picklable
-    (a module-level function); it runs in rank 0's process."""
+    """`generate` on a `tp`-way sharded (times `ep`-way expert-parallel) model; rank 0's Generation. A `stream`
+    must be picklable (a module-level function); it runs in rank 0's process."""
     spec = ModelSpec.from_pretrained(path)
     check_tp_degree(spec, tp)
+    check_ep_degree(spec, ep)
     prepare_prompts(input_ids, spec, max_new_tokens, generate_kwargs.get("attention_mask"))  # validate here
     args = (str(path), input_ids, max_new_tokens, dtype, kernels, generate_kwargs)
-    return run_tp(_generate_worker, tp, *args, backend=backend)
+    return run_tp(_generate_worker, tp, *args, backend=backend, ep=ep)
 
 
 def launch_grads(
@@ -197,18 +229,24 @@ def _grads_worker(path: str, ids: np.ndarray, mask: np.ndarray | None, dtype: An
     return loss_and_grads(model, ids, attention_mask=mask)
 
 
+def _load(path: str, dtype: Any, kernels: str) -> Any:
+    group, ep_group = launched_groups()
+    return from_pretrained(path, dtype, device=tp_device(), kernels=kernels, group=group, ep_group=ep_group)
+
+
 def _logits_worker(path: str, ids: np.ndarray, mask: np.ndarray | None, dtype: Any, kernels: str) -> Any:
-    model = from_pretrained(path, dtype, device=tp_device(), kernels=kernels, group=dist.group.WORLD)
+    model = _load(path, dtype, kernels)
     with torch.inference_mode():
-        local = model(ids, attention_mask=mask)  # [B, T, shard]
-        full = gather_logits(local, model.spec.vocab_size, model.group)  # the explicit request: [B, T, V]
-    return full.cpu() if dist.get_rank() == 0 else None
+        logits = model(ids, attention_mask=mask)  # [B, T, shard]
+        if model.layout.tp > 1:  # the explicit request: [B, T, V]
+            logits = gather_logits(logits, model.spec.vocab_size, model.group)
+    return logits.cpu() if dist.get_rank() == 0 else None
 
 
 def _generate_worker(
     path: str, ids: Any, max_new_tokens: int, dtype: Any, kernels: str, kwargs: dict[str, Any]
 ) -> Generation:
-    model = from_pretrained(path, dtype, device=tp_device(), kernels=kernels, group=dist.group.WORLD)
+    model = _load(path, dtype, kernels)
     if dist.get_rank() != 0:
         kwargs = {**kwargs, "stream": None}
     return generate(model, ids, max_new_tokens, **kwargs)

@@ -78,6 +78,8 @@ def _runtime_names(model: CausalLM) -> dict[str, tuple[str, str]]:
 
 
 def _trainable(model: CausalLM) -> list[torch.nn.Parameter]:
+    if model.experts is not None:  # gather_checkpoint_grads puts together tensor-parallel slices, not expert runs
+        raise InputError("training an expert-parallel model is not supported yet: load it without ep_group")
     params = list(model.parameters())
     if any(p.is_inference() for p in params):
         raise InputError(
@@ -108,7 +110,8 @@ def loss_and_grads(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """(loss, gradients keyed by checkpoint tensor name, float32 numpy in the checkpoint's [out, in] layout).
 
-    The model's parameters are made to require gradients for the call and restored afterwards.
+    The model's parameters are made to require gradients for the call and restored afterwards. Stacked experts'
+    gradients come back per expert under the checkpoint's names (spec/training.py).
     """
     params = _trainable(model)
     was = [p.requires_grad for p in params]

@@ -50,7 +50,8 @@ class Flip:
         )
 
     def to_dict(self) -> dict:
-        return {**self.__dict__, "token": list(self.token)}
+        margin = self.margin if np.isfinite(self.margin) else "inf"  # an id outside [0, E): no logit to compare
+        return {**self.__dict__, "token": list(self.token), "margin": margin}
 
 
 @dataclass

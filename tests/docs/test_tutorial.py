@@ -25,6 +25,11 @@
   the default spec (a few, listed in VARIANT_ONLY, for the untied / q-k-v-bias variant of it) or for one of the
   family checkpoints of tests/hf_models.py (sections 10 to 14); parity component names (`layers.{i}.mlp.act`,
   `final_norm`, ...) must be components some family records (parity.forward_order).
+- Pictures: every image the tutorial shows (`![..](images/NAME)`) is committed under docs/images/ as a PNG, every
+  committed image is shown, and the command that draws it (a `$ ...` console line naming docs/images/NAME)
+  is executed, word for word, by a python block (into a scratch directory). Every ```mermaid block is a
+  well-formed flowchart (a direction, balanced quotes and brackets, each `subgraph` closed) whose
+  `layers.i.NAME` labels are parity components.
 - Sections stand alone: every name a section's code reads is defined in section 0 or in that section
   (statically, and at run time by the per-section namespaces above). Process state (imported modules, JAX's
   caches, torch's global seed) is shared by the sections of one run; `TUTORIAL_FRESH_PROCESSES=1` adds one
@@ -619,6 +624,77 @@ def test_parity_component_names_exist():
     assert {"embed", "logits", "layers.{i}.x1", "layers.{i}.attn_post_norm"} <= used
     unknown = sorted(n for n in used if not {n.replace("{i}", str(i)) for i in range(2)} <= order)
     assert not unknown, f"not parity components: {unknown}"
+
+
+IMAGE = re.compile(r"!\[[^\]]*\]\(images/([\w.-]+)\)")
+MERMAID_DIRECTIONS = {"TB", "TD", "BT", "LR", "RL"}
+
+
+def mermaid_problems(code: str) -> list[str]:
+    """What keeps a mermaid flowchart from rendering, as far as a static look can tell."""
+    lines = [line.strip() for line in code.splitlines() if line.strip() and not line.strip().startswith("%%")]
+    if not lines:
+        return ["empty diagram"]
+    kind, _, direction = lines[0].partition(" ")
+    problems = [] if kind in {"flowchart", "graph"} and direction.strip() in MERMAID_DIRECTIONS else [
+        f"first line {lines[0]!r} is not `flowchart <direction>`"
+    ]  # fmt: skip
+    depth = 0
+    for line in lines[1:]:
+        if line.count('"') % 2:
+            problems.append(f"unbalanced quotes: {line!r}")
+        outside = re.sub(r'"[^"]*"', '""', line)  # brackets inside a quoted label are text
+        for pair in ("[]", "()", "{}"):
+            if outside.count(pair[0]) != outside.count(pair[1]):
+                problems.append(f"unbalanced {pair}: {line!r}")
+        if line.startswith("subgraph "):
+            depth += 1
+        elif line == "end":
+            depth -= 1
+            if depth < 0:
+                problems.append("`end` without a subgraph")
+    if depth > 0:
+        problems.append(f"{depth} subgraph(s) not closed")
+    return problems
+
+
+def test_images_are_committed_shown_and_redrawn():
+    text = TUTORIAL.read_text()
+    blocks = parse_blocks(text)
+    shown = set(IMAGE.findall(text))
+    committed = {p.name for p in (REPO / "docs" / "images").iterdir()}
+    assert shown, "the tutorial shows no image: did the image syntax change?"
+    assert shown == committed, (
+        f"shown but not committed: {shown - committed}; committed, not shown: {committed - shown}"
+    )
+    python = "\n".join(b.code for b in blocks if b.lang == "python")
+    for name in sorted(shown):
+        assert (REPO / "docs" / "images" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG"
+        commands = [
+            line.strip().removeprefix("$ ").strip()
+            for b in blocks
+            if b.lang == "console"
+            for line in b.code.splitlines()
+            if line.strip().startswith("$ ") and f"docs/images/{name}" in line
+        ]
+        assert commands, f"no console line draws docs/images/{name}"
+        assert all(f'"{c}"' in python for c in commands), f"the command drawing {name} is not run by any python block"
+
+
+def test_mermaid_diagrams_are_well_formed():
+    from parity.components import forward_order
+
+    blocks = [b for b in parse_blocks(TUTORIAL.read_text()) if b.lang == "mermaid"]
+    assert len(blocks) >= 3
+    problems = [f"line {b.line}: {p}" for b in blocks for p in mermaid_problems(b.code)]
+    order = set(forward_order(2))
+    for b in blocks:
+        for name in re.findall(r"\blayers\.i\.[\w.]*\w", b.code):
+            if not {name.replace(".i.", f".{i}.") for i in range(2)} <= order:
+                problems.append(f"line {b.line}: {name} is not a parity component")
+    assert not problems, "\n".join(problems)
+    assert mermaid_problems("flowchart LR\n  a[x] --> b\n") == []
+    assert mermaid_problems("flowchart\n  a[x --> b\n  subgraph s\n")  # no direction, a bracket open, no end
 
 
 def test_every_section_defines_what_it_uses():

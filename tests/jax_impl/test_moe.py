@@ -64,7 +64,7 @@ def test_float32_logits_and_routing_match_transformers(name, hf_checkpoint):
     ref, hf_routing = hf_logits_and_routing(directory, ids)
     model = load("jax", directory)
     assert sorted(hf_routing) == list(model.spec.sparse_layers)
-    for form in ("ragged", "dense", "gather"):  # every dispatch form, not only the one each phase takes
+    for form in ("tiled", "ragged", "dense", "gather"):  # every dispatch form, not only the one each phase takes
         set_dispatch(model, form)
         trace: dict = {}
         logits = np.asarray(model(ids, trace=trace))

@@ -9,7 +9,8 @@ a shared expert behind a sigmoid gate. Mirrors torch_impl/moe.py; the math is tr
 The experts are one parameter per projection, `StackedLinear.kernel` [E, in, out] (Flax layout: the loader swaps
 the checkpoint's [E, out, in]). The jitted path has no Python loop over experts: `DISPATCH` names four forms
 (dense one-hot, sorted ragged_dot, sorted tiles of one expert each, per-token gathered weights) and
-`PHASE_DISPATCH` the one each phase takes, chosen by measurement on CPU (figures beside it). Under expert parallelism (jax_impl/expert_parallel.py) the experts run per shard of the [E] axis.
+`PHASE_DISPATCH` the one each phase takes, chosen by measurement on CPU (figures beside it). Under expert
+parallelism (jax_impl/expert_parallel.py) the experts run per shard of the [E] axis.
 """
 
 from __future__ import annotations

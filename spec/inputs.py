@@ -125,6 +125,44 @@ def _row(row: np.ndarray) -> str:
     return str(values)[:-1] + (", ...]" if row.size > 16 else "]")
 
 
+def check_routing(routing: Any, spec: ModelSpec, batch: int, length: int) -> dict[int, np.ndarray] | None:
+    """Teacher-forced expert ids {sparse layer: [B, T, k] integers} (docs/design.md, "Mixture of experts") -> int64.
+
+    Each id in [0, num_experts) and the k ids of a token distinct (a repeated expert would count twice in the
+    weighted sum); JAX's gather would clamp an out-of-range id silently. None stays None."""
+    if routing is None:
+        return None
+    if not isinstance(routing, dict):
+        raise InputError(f"routing must be a dict layer index -> expert ids [B, T, k], got {type(routing).__name__}")
+    k, e, checked = spec.num_experts_per_tok, spec.num_experts, {}
+    for layer, ids in routing.items():
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not spec.is_sparse(int(layer)):
+            raise InputError(f"routing given for layer {layer!r}, which is not a sparse layer {spec.sparse_layers}")
+        layer = int(layer)
+        array = _integers(ids, f"routing for layer {layer}: expert ids", "expert ids")
+        if array.shape != (batch, length, k):
+            raise InputError(
+                f"routing for layer {layer}: expert ids of shape {list(array.shape)}, expected "
+                f"[{batch}, {length}, {k}] (batch, tokens, num_experts_per_tok)"
+            )
+        bad = np.argwhere((array < 0) | (array >= e))  # compared in the ids' own dtype: uint64 cannot wrap
+        if len(bad):
+            where = [int(i) for i in bad[0]]
+            raise InputError(
+                f"routing for layer {layer}: expert id {int(array[tuple(where)])} at {where} is outside "
+                f"[0, {e}) (num_experts = {e})"
+            )
+        ordered = np.sort(array, axis=-1)
+        repeated = np.argwhere(ordered[..., 1:] == ordered[..., :-1])
+        if len(repeated):
+            row, col, j = (int(i) for i in repeated[0])
+            raise InputError(
+                f"routing for layer {layer}: expert {int(ordered[row, col, j])} appears twice for token [{row}, {col}]"
+            )
+        checked[layer] = array.astype(np.int64, copy=False)
+    return checked
+
+
 def dtype_name(dtype: Any) -> str:
     """One of DTYPE_NAMES, or an InputError naming the supported ones (instead of a KeyError)."""
     if not isinstance(dtype, str) or dtype not in DTYPE_NAMES:

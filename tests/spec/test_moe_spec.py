@@ -241,3 +241,28 @@ def test_a_config_claiming_a_million_experts_fails_fast(tmp_path):
     huge = dataclasses.replace(spec, num_experts=10**6)
     with pytest.raises(CheckpointError, match="num_experts is 1000000 but the checkpoint holds tensors of 6 expert"):
         Checkpoint(tmp_path).validate(huge)
+
+
+@pytest.mark.parametrize(
+    ("routing", "needle"),
+    [
+        ({1: [[[0, 1, 2, 3]] * 3]}, "routing given for layer 1, which is not a sparse layer (0, 2)"),
+        ({True: [[[0, 1, 2, 3]] * 3]}, "routing given for layer True"),
+        ({0: [[[0.0, 1.0, 2.0, 3.0]] * 3]}, "got dtype float64"),
+        ({0: [[[0, 1, 2, 3]] * 2]}, "expert ids of shape [1, 2, 4], expected [1, 3, 4]"),
+        ({0: [[[0, 1, 2, 6]] * 3]}, "expert id 6 at [0, 0, 3] is outside [0, 6)"),
+        ({0: [[[0, 1, 2, -1]] * 3]}, "expert id -1 at [0, 0, 3]"),
+        ({0: [[[0, 1, 2, 3], [0, 1, 2, 3], [4, 1, 4, 3]]]}, "expert 4 appears twice for token [0, 2]"),
+        ([[[0, 1, 2, 3]]], "routing must be a dict"),
+    ],
+)
+def test_teacher_forced_routing_is_checked_once_for_both_backends(routing, needle):
+    from spec import InputError
+    from spec.inputs import check_routing
+
+    spec = ModelSpec.from_hf_config(SMALL)
+    with pytest.raises(InputError) as err:
+        check_routing(routing, spec, 1, 3)
+    assert needle in str(err.value)
+    ok = check_routing({0: np.array([[[5, 0, 1, 2]] * 3], np.uint8)}, spec, 1, 3)
+    assert ok[0].dtype == np.int64 and ok[0][0, 0].tolist() == [5, 0, 1, 2]

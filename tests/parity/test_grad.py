@@ -85,3 +85,18 @@ def test_renamed_head_is_compared_and_trained(hf_checkpoint):
     assert report.passed, report.format()
     names = {r.name for c in report.comparisons for r in c.results}
     assert "embed_out.weight" in names and "gpt_neox.layers.0.attention.query_key_value.bias" in names
+
+
+def test_mixture_of_experts_grads_and_steps_match_transformers(hf_checkpoint):
+    """Mixtral (stacked experts: transformers keeps them [E, 2I, H] in memory, as both backends do; its router is
+    `mlp.gate` in memory and `block_sparse_moe.gate` in the file): every per-expert gradient by checkpoint name
+    and 2 AdamW steps, three ways. Routing agrees in float32 on these inputs (tests/parity/test_moe.py), so the
+    gradients are continuous functions of the same choices."""
+    directory = hf_checkpoint("mixtral_e5k2")
+    report = parity.check(directory, grad=True, reference="hf", steps=2, seq_len=10, batch=2)
+    assert report.passed, report.format()
+    names = {r.name for r in report.comparisons[0].results}
+    assert "model.layers.1.block_sparse_moe.experts.4.w3.weight" in names
+    assert "model.layers.0.block_sparse_moe.gate.weight" in names
+    for comparison in report.comparisons:
+        assert comparison.result("loss").metrics.max_rel <= LOSS_REL, comparison.label

@@ -90,3 +90,13 @@ def test_text_stream_holds_back_a_partial_utf8_character(default_dir):
 def test_missing_directory_exits_2(tmp_path, capsys):
     assert main(["generate", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_generate_expert_parallel_matches_unsharded(hf_checkpoint, capsys):
+    """--ep 2 on a mixture-of-experts checkpoint (E = 6): torch over 2 gloo processes, the same greedy tokens."""
+    directory = str(hf_checkpoint("qwen3_moe_e6k4"))
+    args = ["generate", directory, "--ids", "5,9,200,7", "--max-new-tokens", "6", "--no-eos"]
+    assert main(args) == 0
+    unsharded = capsys.readouterr().out
+    assert main([*args, "--ep", "2"]) == 0
+    assert capsys.readouterr().out == unsharded

@@ -119,6 +119,12 @@ class Report:
             f"  tolerance: max_rel <= {self.tolerance.max_rel:.2e}*g, 1-cos <= "
             f"{self.tolerance.rms_rel**2 / 2:.2e}*g^2, g = sqrt(1 + layers before)"
         )
+        if m.get("num_experts"):
+            sparse = [i for i in range(self.num_layers) if _is_sparse(m, i)]
+            head += (
+                f"\n  experts {m['num_experts']} (top-{m['num_experts_per_tok']}"
+                f"{', renormalized' if m['norm_topk_prob'] else ''}), sparse layers {sparse}"
+            )
         if self.mode == "streamed":
             head += (
                 f"\n  streamed one layer at a time; column 'forced': the residual stream and the head with each layer "
@@ -181,6 +187,12 @@ class Report:
         path = Path(path)
         path.write_text(self.to_json() + "\n")
         return path
+
+
+def _is_sparse(model: dict, layer: int) -> bool:
+    """spec.ModelSpec.is_sparse on the report's model summary (a JSON report has no ModelSpec)."""
+    dense = layer in model.get("mlp_only_layers", ()) or (layer + 1) % model.get("decoder_sparse_step", 1)
+    return bool(model["num_experts"]) and not dense
 
 
 def _routing_part(c: Comparison) -> str:

@@ -140,6 +140,7 @@ def test_moe_checkpoints_pass_with_full_routing_agreement(hf_checkpoint, name):
         assert all((r.agree, r.choices) == (tokens * k, tokens * k) for r in comparison.routing), comparison.label
         assert not comparison.masked
     text = report.format()
+    assert f"experts {spec.num_experts} (top-{k}" in text and f"sparse layers {list(spec.sparse_layers)}" in text
     for layer in spec.sparse_layers:
         assert f"layer {layer}: 100.00% of {tokens * k} (token, slot) choices agree" in text
     assert f"routing 100.00% agree over {len(spec.sparse_layers)} sparse layers" in report.verdict_line()

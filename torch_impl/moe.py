@@ -104,11 +104,14 @@ class Experts(nn.Module):
         tokens = slots // k  # [M]
         rows = x[tokens]  # [M, H]: one gather
         counts = torch.bincount(experts, minlength=self.count).tolist()
+        # unbind, not weight[e] per expert: its backward stacks the experts' gradients once, where indexing would
+        # allocate a zero [E, ...] gradient for every expert used
+        gate_up, down = self.gate_up_proj.weight.unbind(0), self.down_proj.weight.unbind(0)
         outs, start = [], 0
         for e, n in enumerate(counts):  # only the experts that have tokens: their weights alone are read
             if n:
-                act = self.act_fn(linear(rows[start : start + n], self.gate_up_proj.weight[e]))  # [n, W]
-                outs.append(linear(act, self.down_proj.weight[e]))  # [n, H]
+                act = self.act_fn(linear(rows[start : start + n], gate_up[e]))  # [n, W]
+                outs.append(linear(act, down[e]))  # [n, H]
                 start += n
         out = torch.zeros_like(x)
         if outs:

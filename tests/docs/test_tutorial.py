@@ -697,6 +697,26 @@ def test_mermaid_diagrams_are_well_formed():
     assert mermaid_problems("flowchart\n  a[x --> b\n  subgraph s\n")  # no direction, a bracket open, no end
 
 
+def long_lines(text: str) -> list[str]:
+    """Lines over 120 characters outside tables (a Markdown table row cannot wrap) and outside output blocks,
+    where a printed line may reach 200 (a parity verdict line is one line of output)."""
+    lines = text.splitlines()
+    limit = [120] * len(lines)
+    for block in parse_blocks(text):
+        if block.is_output:
+            for k in range(block.line, block.line + len(block.code.rstrip("\n").splitlines())):
+                limit[k] = 200
+    return [
+        f"line {k + 1}: {len(line)} > {limit[k]}"
+        for k, line in enumerate(lines)
+        if len(line) > limit[k] and not line.startswith("|")
+    ]
+
+
+def test_lines_are_short():
+    assert not long_lines(TUTORIAL.read_text())
+
+
 def test_every_section_defines_what_it_uses():
     # A reader may run section 0 and jump to any section: every name a section's code reads must be defined in
     # section 0 or in that section (statically: names, not values; run one with --sections=N to see it work).

@@ -107,7 +107,7 @@ class _MoEHooks:
 
     def __init__(self, model, shape: tuple[int, int], routing: dict[int, np.ndarray]):
         self.shape, self.trace, self.handles = tuple(shape), {}, []
-        for i, layer in enumerate(model.model.layers):
+        for i, layer in enumerate(getattr(getattr(model, "model", None), "layers", [])):  # GPT-NeoX: no .model
             mlp = layer.mlp
             if not hasattr(mlp, "experts"):
                 continue  # a dense layer

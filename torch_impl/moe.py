@@ -53,32 +53,34 @@ def top_k(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def check_routing(
     routing: dict[int, object] | None, spec: ModelSpec, batch: int, length: int, device: torch.device
 ) -> dict[int, torch.Tensor] | None:
-    """Teacher-forced expert ids: layer -> [B, T, k] integers in [0, E), each a sparse layer of `spec`.
-    Returns them as int64 tensors on `device`; an InputError names the layer and what is wrong."""
+    """Teacher-forced expert ids {sparse layer: [B, T, k] integers in [0, E), distinct per token} -> int64 tensors
+    on `device`. An InputError names the layer and what is wrong (the same words as jax_impl/moe.py's)."""
     if routing is None:
         return None
     if not isinstance(routing, dict):
-        raise InputError(f"routing must be a dict layer index -> expert ids [B, T, k], got {type(routing).__name__}")
+        raise InputError(f"routing must be a dict {{layer index: expert ids [B, T, k]}}, got {type(routing).__name__}")
     k, e, checked = spec.num_experts_per_tok, spec.num_experts, {}
     for layer, ids in routing.items():
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not spec.is_sparse(int(layer)):
-            raise InputError(f"routing given for layer {layer!r}, which is not a sparse layer {spec.sparse_layers}")
-        array = ids.detach().cpu().numpy() if torch.is_tensor(ids) else np.asarray(ids)
-        if array.dtype.kind not in "iu":
-            raise InputError(f"routing for layer {layer}: expert ids have dtype {array.dtype}, not an integer dtype")
-        if array.shape != (batch, length, k):
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or layer not in spec.sparse_layers:
+            raise InputError(f"routing layer {layer!r} is not a sparse layer (sparse: {list(spec.sparse_layers)})")
+        a = ids.detach().cpu().numpy() if torch.is_tensor(ids) else np.asarray(ids)
+        if a.shape != (batch, length, k) or not np.issubdtype(a.dtype, np.integer):
             raise InputError(
-                f"routing for layer {layer}: expert ids of shape {list(array.shape)}, expected "
-                f"[{batch}, {length}, {k}] (batch, tokens, num_experts_per_tok)"
+                f"routing for layer {layer}: expert ids must be integers of shape [{batch}, {length}, {k}], got "
+                f"{a.dtype} {list(a.shape)}"
             )
-        bad = np.argwhere((array < 0) | (array >= e))
-        if len(bad):
-            where = tuple(int(i) for i in bad[0])
+        bad = np.argwhere((a < 0) | (a >= e))
+        if bad.size:
             raise InputError(
-                f"routing for layer {layer}: expert id {int(array[where])} at {list(where)} is outside "
-                f"[0, {e}) (num_experts = {e})"
+                f"routing for layer {layer}: expert id {int(a[tuple(bad[0])])} at [{', '.join(map(str, bad[0]))}] "
+                f"is outside [0, {e})"
             )
-        checked[int(layer)] = torch.as_tensor(array.astype(np.int64), device=device)
+        s = np.sort(a, axis=-1)  # an expert twice for one token would be counted twice: refused
+        dup = np.argwhere(s[..., 1:] == s[..., :-1])
+        if dup.size:
+            row, col, j = dup[0]
+            raise InputError(f"routing for layer {layer}: expert {int(s[row, col, j])} repeated at [{row}, {col}]")
+        checked[int(layer)] = torch.as_tensor(a.astype(np.int64), device=device)
     return checked
 
 

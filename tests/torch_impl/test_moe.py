@@ -241,13 +241,15 @@ def test_teacher_forcing_own_choices_is_exact_and_others_change_only_those_token
     "routing, message",
     [
         ({0: np.full((2, 19, 4), 6)}, "routing for layer 0: expert id 6 at [0, 0, 0] is outside [0, 6)"),
-        ({2: np.full((2, 19, 4), -1)}, "routing for layer 2: expert id -1"),
+        ({2: np.full((2, 19, 4), -1)}, "routing for layer 2: expert id -1 at [0, 0, 0]"),
+        ({0: np.zeros((2, 19, 3), np.int64)}, "layer 0: expert ids must be integers of shape [2, 19, 4], got int64"),
+        ({1: np.zeros((2, 19, 4), np.int64)}, "routing layer 1 is not a sparse layer (sparse: [0, 2])"),
         (
-            {0: np.zeros((2, 19, 3), np.int64)},
-            "expert ids of shape [2, 19, 3], expected [2, 19, 4]",
+            {0: np.zeros((2, 19, 4), np.float32)},
+            "layer 0: expert ids must be integers of shape [2, 19, 4], got float32",
         ),
-        ({1: np.zeros((2, 19, 4), np.int64)}, "layer 1, which is not a sparse layer (0, 2)"),
-        ({0: np.zeros((2, 19, 4), np.float32)}, "routing for layer 0: expert ids have dtype float32"),
+        ({2: np.tile([0, 1, 2, 2], (2, 19, 1))}, "routing for layer 2: expert 2 repeated at [0, 0]"),
+        ([np.zeros((2, 19, 4))], "routing must be a dict {layer index: expert ids [B, T, k]}, got list"),
     ],
 )
 def test_bad_routing_is_refused_naming_the_layer(qwen3, routing, message):

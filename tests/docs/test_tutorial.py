@@ -23,8 +23,8 @@
   code in both frameworks' columns, and no column names the other framework's code.
 - Checkpoint tensor names (`model.layers.{i}.mlp.gate_proj.weight`, ...) must be rows of spec.param_table for
   the default spec (a few, listed in VARIANT_ONLY, for the untied / q-k-v-bias variant of it) or for one of the
-  family checkpoints of tests/hf_models.py (sections 10 to 14); parity component names (`layers.{i}.mlp.act`,
-  `final_norm`, ...) must be components some family records (parity.forward_order).
+  family and MoE checkpoints of tests/hf_models.py (sections 10 to 15); parity component names
+  (`layers.{i}.mlp.act`, `final_norm`, ...) must be components some family records (parity.forward_order).
 - Pictures: every image the tutorial shows (`![..](images/NAME)`) is committed under docs/images/ as a PNG, every
   committed image is shown, and the command that draws it (a `$ ...` console line naming docs/images/NAME)
   is executed, word for word, by a python block (into a scratch directory). Every ```mermaid block is a
@@ -585,11 +585,12 @@ def test_mapping_tables_put_code_in_the_right_columns():
 
 
 def _family_specs() -> dict:
-    """The specs of tests/hf_models.py's family checkpoints (sections 10 to 14 name their tensors)."""
+    """The specs of tests/hf_models.py's family and MoE checkpoints (sections 10 to 15 name their tensors)."""
     import spec
-    from tests.hf_models import FAMILY_CONFIGS, build_hf_model
+    from tests.hf_models import FAMILY_CONFIGS, MOE_CONFIGS, build_hf_model
 
-    return {name: spec.ModelSpec.from_hf_config(build_hf_model(name).config.to_dict()) for name in FAMILY_CONFIGS}
+    names = [*FAMILY_CONFIGS, *MOE_CONFIGS]
+    return {name: spec.ModelSpec.from_hf_config(build_hf_model(name).config.to_dict()) for name in names}
 
 
 def test_checkpoint_tensor_names_are_in_the_parameter_table():

@@ -53,8 +53,8 @@ class MLP(nnx.Module):
             return self.down_proj(act)  # [B, T, H]
         gate_up = self.gate_up_proj(x)  # [B, T, 2I]
         if self.tp > 1:  # split gate from up inside each shard's block: no data crosses devices
-            b, t, _ = gate_up.shape
-            act = self.act_fn(gate_up.reshape(b, t, self.tp, -1)).reshape(b, t, -1)  # [B, T, s, 2I/s] -> [B, T, I]
+            lead = gate_up.shape[:-1]  # [B, T], or [N] in a shared expert (jax_impl/moe.py)
+            act = self.act_fn(gate_up.reshape(*lead, self.tp, -1)).reshape(*lead, -1)  # [..., s, 2I/s] -> [..., I]
         else:
             act = self.act_fn(gate_up)  # [B, T, I]
         if trace is not None:

@@ -80,7 +80,8 @@ def dispatch_tiled(x, ids, w_gu, w_down, act, tile: int = 16) -> jax.Array:
     dest = pstart[expert] + jnp.arange(n * k) - start[expert]  # [N*k]: row in the padded layout
     tiles = -(-n * k // tile) + e
     rows = jnp.zeros((tiles * tile, x.shape[1]), x.dtype).at[dest].set(x[order // k])  # [tiles*tile, H]
-    owner = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(tiles) * tile, side="right")  # [tiles]
+    ends = jnp.cumsum(padded)  # [E]: where each expert's tiles end; a tile belongs to the first expert ending after it
+    owner = (ends[None, :] <= (jnp.arange(tiles) * tile)[:, None]).sum(axis=1)  # [tiles] (searchsorted, right)
     owner = jnp.minimum(owner, e - 1)  # unused tiles (zero rows) read the last expert
     rows = rows.reshape(tiles, tile, -1)  # [tiles, tile, H]
     h = jnp.einsum("tmh,thf->tmf", rows, w_gu[owner], precision=HIGHEST)  # [tiles, tile, 2I]

@@ -29,45 +29,74 @@ from jax.sharding import PartitionSpec as P
 
 from jax_impl.kv_cache import DONATE_CACHE
 from jax_impl.model import attention_masks, default_positions
-from jax_impl.vocab_parallel import DATA, MODEL
+from jax_impl.vocab_parallel import DATA, EXPERT, MODEL
 from spec import ConfigError, ParamEntry, check_token_ids
 from spec.parallel import split_axis
 from spec.params import LINEAR
 
 
-def make_mesh(tp: int, dp: int = 1) -> Mesh:
-    """A (data=dp, model=tp) mesh over the first dp * tp devices (simulated CPU devices work too)."""
-    devices = jax.devices()
-    if dp * tp > len(devices):
+def make_mesh(tp: int, dp: int = 1, ep: int = 1) -> Mesh:
+    """A (data=dp, model=tp) mesh over the first dp * tp devices (simulated CPU devices work too); with ep > 1 a
+    (data=dp, expert=ep, model=tp) mesh over dp * ep * tp devices (jax_impl/expert_parallel.py)."""
+    devices, n = jax.devices(), dp * ep * tp
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise ConfigError(f"expert-parallel degree must be a positive integer, got {ep!r}")
+    if n > len(devices):
+        shape = f"data={dp} x {f'expert={ep} x ' if ep > 1 else ''}model={tp}"
         raise ConfigError(
-            f"a mesh of data={dp} x model={tp} needs {dp * tp} devices, JAX sees {len(devices)} (on CPU call "
-            f"parity.prepare_environment(tp={dp * tp}) or jax.config.update('jax_num_cpu_devices', {dp * tp}) "
+            f"a mesh of {shape} needs {n} devices, JAX sees {len(devices)} (on CPU call "
+            f"parity.prepare_environment(tp={n}) or jax.config.update('jax_num_cpu_devices', {n}) "
             "before any JAX computation)"
         )
+    shape, names = ((dp, ep, tp), (DATA, EXPERT, MODEL)) if ep > 1 else ((dp, tp), (DATA, MODEL))
     # Auto axes: XLA's partitioner propagates the parameter shardings through the model's plain jnp code.
-    auto = (jax.sharding.AxisType.Auto,) * 2
-    return jax.make_mesh((dp, tp), (DATA, MODEL), axis_types=auto, devices=devices[: dp * tp])
+    auto = (jax.sharding.AxisType.Auto,) * len(shape)
+    return jax.make_mesh(shape, names, axis_types=auto, devices=devices[:n])
 
 
-def partition_spec(entry: ParamEntry, ndim: int) -> P:
-    """Where a runtime parameter's axes live, in Flax layout (Linear kernels [in, out], the loader's transpose)."""
+def mesh_degrees(mesh: Mesh | None) -> tuple[int, int]:
+    """(tp, ep) of a mesh (1, 1 without one)."""
+    if mesh is None:
+        return 1, 1
+    sizes = dict(mesh.shape)
+    return sizes[MODEL], sizes.get(EXPERT, 1)
+
+
+def partition_spec(entry: ParamEntry, ndim: int, ep: int = 1) -> P:
+    """Where a runtime parameter's axes live, in Flax layout (Linear kernels [in, out], the loader's transpose).
+
+    A stacked experts parameter ([E, in, out]) has its [E] axis first: the table's split axis (one expert's
+    tensor's) moves up by one, and [E] lives on "expert" when ep > 1."""
+    names: list[str | None] = [None] * ndim
     axis = split_axis(entry)
-    if axis is None:
-        return P()
-    if entry.kind == LINEAR:
-        axis = 1 - axis  # torch [out, in] -> Flax [in, out]
-    return P(*(MODEL if i == axis else None for i in range(ndim)))
-
-
-def place_shards(pieces: list[np.ndarray], mesh: Mesh, pspec: P) -> jax.Array:
-    """Each rank's host slice (in "model" order) -> one global array; a device receives only its own slice."""
-    sharding = NamedSharding(mesh, pspec)
-    axis = next((i for i, name in enumerate(pspec) if name == MODEL), None)
-    shape = list(pieces[0].shape)
+    if entry.expert is not None:
+        axis = None if axis is None else axis + 1
+        if ep > 1:
+            names[0] = EXPERT
     if axis is not None:
-        shape[axis] *= len(pieces)
-    rank_of = {d: r for r in range(mesh.shape[MODEL]) for d in mesh.devices[:, r]}
-    arrays = [jax.device_put(pieces[rank_of[d]], d) for d in sharding.addressable_devices]
+        if entry.kind == LINEAR:
+            axis = 2 * ndim - 3 - axis  # the last two swap: torch [..., out, in] -> Flax [..., in, out]
+        names[axis] = MODEL
+    return P(*names)
+
+
+def place_shards(pieces: list[np.ndarray] | dict[tuple[int, int], np.ndarray], mesh: Mesh, pspec: P) -> jax.Array:
+    """Each rank's host slice -> one global array; a device receives only its own slice. `pieces`: a list in
+    "model" order, or {(expert coordinate, model coordinate): slice} on a mesh with an "expert" axis."""
+    if isinstance(pieces, list):
+        pieces = {(0, r): piece for r, piece in enumerate(pieces)}
+    sharding = NamedSharding(mesh, pspec)
+    shape = list(next(iter(pieces.values())).shape)
+    for i, name in enumerate(pspec):
+        shape[i] *= mesh.shape[name] if name in (MODEL, EXPERT) else 1
+    names = mesh.axis_names
+    coords = {mesh.devices[index]: dict(zip(names, index, strict=True)) for index in np.ndindex(mesh.devices.shape)}
+
+    def piece(device) -> np.ndarray:
+        at = coords[device]
+        return pieces[(at[EXPERT] if EXPERT in pspec else 0, at[MODEL] if MODEL in pspec else 0)]
+
+    arrays = [jax.device_put(piece(d), d) for d in sharding.addressable_devices]
     return jax.make_array_from_single_device_arrays(tuple(shape), sharding, arrays)
 
 

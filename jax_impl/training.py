@@ -112,6 +112,8 @@ def _checkpoint_layout(model: CausalLM, state: nnx.State) -> dict[str, np.ndarra
         array = np.asarray(value[...] if hasattr(value, "get_value") else value, dtype=np.float32)
         array = np.swapaxes(array, -1, -2) if entry.kind == LINEAR else array  # Flax [in, out] -> [out, in]
         axis = split_axis(entry)
+        if axis is not None and entry.expert is not None:  # stacked experts [E, ...]: one expert's axis, moved up
+            axis += 1
         slices = [array] * tp if axis is None else np.split(array, tp, axis=axis)
         for rank in range(tp):
             per_rank[rank][key] = slices[rank]
@@ -127,7 +129,7 @@ def loss_and_grads(
     """(loss, gradients keyed by checkpoint tensor name, float32 numpy in the checkpoint's [out, in] layout)."""
     ids, key_valid, counted = _batch(model, input_ids, labels, attention_mask)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    if model.layout.tp == 1:
+    if model.layout.tp == 1 and model.ep == 1:
         value, grads = _value_and_grad(graphdef, params, rest, ids, key_valid, counted)
     else:  # under the mesh the parameters live on; the batch's rows over its "data" axis
         mesh = model.model.embed_tokens.weight[...].sharding.mesh
@@ -191,8 +193,8 @@ def train_step(
 
     `config` is the one the optimizer was made from (the same signature as torch_impl.train_step).
     """
-    if model.layout.tp > 1:
-        raise InputError("train_step on a tensor-parallel model is not supported yet (loss_and_grads is)")
+    if model.layout.tp > 1 or model.ep > 1:
+        raise InputError("train_step on a tensor- or expert-parallel model is not supported yet (loss_and_grads is)")
     ids, key_valid, counted = _batch(model, input_ids, labels, attention_mask)
     return float(_step(model, optimizer, ids, key_valid, counted))
 

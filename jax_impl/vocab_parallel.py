@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 DATA, MODEL = "data", "model"
+EXPERT = "expert"  # expert parallelism's mesh axis (jax_impl/expert_parallel.py)
 
 
 def vocab_parallel_embedding(input_ids: jax.Array, weight: jax.Array) -> jax.Array:

@@ -44,10 +44,13 @@ class Flip:
 
     def describe(self, layer: int, test: str, ref: str) -> str:
         rel = "<=" if self.near_tie else ">"
-        return (
+        line = (
             f"layer {layer} routing: token {self.token} slot {self.slot}: {test} chose expert {self.test_expert}, "
-            f"{ref} expert {self.ref_expert}, margin {self.margin:.2g} {rel} bound {self.bound:.2g}"
+            f"{ref} expert {self.ref_expert}, margin {abs(self.margin):.2g} {rel} bound {self.bound:.2g}"
         )
+        if self.margin < 0:  # the reference's choice disagrees with its own logits: the bug may be on its side
+            line += f" (reversed: {ref}'s own router logits rank expert {self.test_expert} higher)"
+        return line
 
     def to_dict(self) -> dict:
         margin = self.margin if np.isfinite(self.margin) else "inf"  # an id outside [0, E): no logit to compare

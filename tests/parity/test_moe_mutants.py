@@ -44,6 +44,15 @@ def _softmax_in_bf16(logits, k, norm, keep_f32, forced=None):
     return _finish(ids, weights, logits, norm, keep_f32)
 
 
+def _ids_off_by_one(logits, k, norm, keep_f32, forced=None):
+    """The selected ids shifted by one (mod E) while the weights stay: a selection that disagrees with the logits."""
+    ids, weights = _original_route(logits, k, norm, keep_f32, forced)
+    return (ids + 1) % logits.shape[-1], weights
+
+
+_original_route = jax_impl.moe.route
+
+
 def _route(replacement=None) -> callable:
     """Patch jax_impl.moe.route with `replacement`, or with the original given norm=False (norm_topk_prob ignored)."""
     original = jax_impl.moe.route
@@ -108,6 +117,9 @@ MOE_MUTANTS = [
     Mutant("router_softmax_in_bf16", "jax", "layers.0.moe.topk_weights",
            "the float32 router logits are right; their bf16 softmax moves every weight by ~2^-9",
            _route(_softmax_in_bf16), "qwen3_moe_e6k4"),
+    Mutant("topk_ids_off_by_one", "jax", "layers.0.moe.topk_ids",
+           "the logits are right, the selection is not: a flip far beyond the near-tie bound, named by token",
+           _route(_ids_off_by_one), "mixtral_e5k2"),
     Mutant("shared_expert_gate_dropped", "torch", "layers.0.moe.shared_out",
            "the routed sum is right; the shared expert's output is not scaled by its gate",
            _loaded(_shared_gate_dropped), "qwen2_moe_shared"),
@@ -140,6 +152,9 @@ def test_moe_mutant_is_killed_and_localized(hf_checkpoint, mutant):
         f"{mutant.name}: the report names {report.first_divergence}, expected {mutant.expect} ({mutant.why})"
     )
     assert mutant.expect in report.verdict_line()
+    if mutant.expect.endswith("topk_ids"):  # a routing failure names the layer, token, slot, both experts, margin
+        assert report.first_failure[1].reason.startswith("layer 0 routing: token (0, 0) slot ")
+        assert "> bound" in report.first_failure[1].reason
 
 
 def test_softmax_after_top_k_with_renormalization_is_an_equivalent_mutant(hf_checkpoint):
@@ -162,6 +177,7 @@ def test_catalogue_covers_the_issue():
         "mixtral_softmax_over_all_not_renormalized",
         "norm_topk_prob_ignored",
         "router_softmax_in_bf16",
+        "topk_ids_off_by_one",
         "shared_expert_gate_dropped",
         "experts_permuted_by_one",
         "mlp_only_layers_made_sparse",

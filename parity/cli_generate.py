@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tp > 1:
         check_tp_degree(spec, args.tp)
     check_ep_degree(spec, args.ep)  # a dense model is refused here, naming why
-    prepare_environment(args.kernels, args.tp * args.ep)
+    prepare_environment(args.kernels, args.tp * args.ep if args.backend != "torch" else 1)  # JAX's devices only
     decode = make_decoder(directory)
     backends = ("torch", "jax") if args.backend == "both" else (args.backend,)
     results = {}

@@ -48,7 +48,7 @@ def main(directory: str, tp: int, ep: int) -> dict:
         run = expert_range(spec, ep, q)
         at = shard.index[0]  # the global experts this device holds
         same = np.array_equal(np.asarray(shard.data), ref_stacked[shard.index])
-        placed.append(bool(same and (at.start, at.stop) == (run.start, run.stop)))
+        placed.append(bool(same and range(*at.indices(spec.num_experts)) == run))
     out["experts_placed"] = placed
     out["expert_shard_sizes"] = sorted({s.data.shape[0] for s in stacked.addressable_shards})
     alone = jax_impl.generate(ref, ids[:1], 10, eos_token_ids=(), return_logits=True)

@@ -1,6 +1,7 @@
-"""Expert parallelism on simulated CPU devices (jax_impl/expert_parallel.py): an MoE checkpoint on a (data, expert,
-model) mesh gives the unsharded model's logits in every dispatch form, its greedy tokens and its gradients; each
-device holds its expert-parallel rank's run of experts; composed with tensor parallelism; bad degrees refused."""
+"""Expert (and tensor) parallelism of MoE layers on simulated CPU devices (jax_impl/expert_parallel.py): an MoE
+checkpoint on a (data, expert, model) mesh gives the unsharded model's logits in every dispatch form, its greedy
+tokens and its gradients; each device holds its expert-parallel rank's run of experts; composed with tensor
+parallelism, and tensor parallelism alone on MoE layers; bad degrees refused."""
 
 from __future__ import annotations
 
@@ -31,12 +32,17 @@ def run_ep(directory: Path, devices: int, tp: int, ep: int) -> dict:
 
 @pytest.mark.parametrize(
     ("name", "devices", "tp", "ep"),
-    [("qwen2_moe_shared", 2, 1, 2), ("qwen2_moe_shared", 4, 1, 4), ("qwen3_moe_e6k4", 4, 2, 2)],
-)
+    [
+        ("qwen2_moe_shared", 2, 1, 2),
+        ("qwen2_moe_shared", 4, 1, 4),
+        ("qwen3_moe_e6k4", 4, 2, 2),
+        ("mixtral_e5k2", 2, 2, 1),
+    ],
+)  # the last: tensor parallelism alone on MoE layers (each expert's Im split, E = 5 whole on every device)
 def test_expert_parallel_equals_unsharded(name, devices, tp, ep, hf_checkpoint):
     out = run_ep(hf_checkpoint(name), devices, tp, ep)
     print(f"{name} tp={tp} ep={ep}: {out}")
-    assert out["mesh"] == {"data": 1, "expert": ep, "model": tp}
+    assert out["mesh"] == ({"data": 1, "expert": ep, "model": tp} if ep > 1 else {"data": 1, "model": tp})
     for form in ("tiled", "gather", "dense", "ragged"):
         assert out[f"rel_err_{form}"] <= FP32_REL, (form, out)
         if tp == 1:  # each slot's output comes from one rank, the others add exact zeros

@@ -26,10 +26,11 @@
   family and MoE checkpoints of tests/hf_models.py (sections 10 to 15); parity component names
   (`layers.{i}.mlp.act`, `final_norm`, ...) must be components some family records (parity.forward_order).
 - Pictures: every image the tutorial shows (`![..](images/NAME)`) is committed under docs/images/ as a PNG, every
-  committed image is shown, and the command that draws it (a `$ ...` console line naming docs/images/NAME)
-  is executed, word for word, by a python block (into a scratch directory). Every ```mermaid block is a
-  well-formed flowchart (a direction, balanced quotes and brackets, each `subgraph` closed) whose
-  `layers.i.NAME` labels are parity components.
+  committed image is shown, a python block draws it again (into a scratch directory, or into docs/images/
+  with TUTORIAL_IMAGES=docs/images), and a `$ python -m parity ...` console line that draws docs/images/NAME
+  is executed word for word by a python block. Every ```mermaid block is a well-formed flowchart (a
+  direction, balanced quotes and brackets, each `subgraph` closed) whose `layers.i.NAME` labels are parity
+  components.
 - Sections stand alone: every name a section's code reads is defined in section 0 or in that section
   (statically, and at run time by the per-section namespaces above). Process state (imported modules, JAX's
   caches, torch's global seed) is shared by the sections of one run; `TUTORIAL_FRESH_PROCESSES=1` adds one
@@ -671,14 +672,14 @@ def test_images_are_committed_shown_and_redrawn():
     python = "\n".join(b.code for b in blocks if b.lang == "python")
     for name in sorted(shown):
         assert (REPO / "docs" / "images" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG"
+        assert f'"{name}"' in python, f"no python block draws {name}"
         commands = [
             line.strip().removeprefix("$ ").strip()
             for b in blocks
             if b.lang == "console"
             for line in b.code.splitlines()
-            if line.strip().startswith("$ ") and f"docs/images/{name}" in line
+            if line.strip().startswith("$ python -m parity") and f"docs/images/{name}" in line
         ]
-        assert commands, f"no console line draws docs/images/{name}"
         assert all(f'"{c}"' in python for c in commands), f"the command drawing {name} is not run by any python block"
 
 

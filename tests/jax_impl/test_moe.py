@@ -272,3 +272,65 @@ def test_bad_routing_is_refused(routing, match, hf_checkpoint):
     model = load("jax", hf_checkpoint("qwen3_moe_e6k4"))
     with pytest.raises(spec.InputError, match=match):
         model(ids_for("qwen3_moe_e6k4"), routing=routing)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe_e6k4", "qwen2_moe_shared"])
+def test_gradients_match_transformers(name, hf_checkpoint):
+    """loss_and_grads (per-expert checkpoint names, [out, in]) against transformers' autograd of its own loss; its
+    stacked in-memory experts ([E, 2I, H] gate rows first, [E, H, I]) are split into the checkpoint's names here."""
+    import torch
+
+    from jax_impl import training
+
+    directory = hf_checkpoint(name)
+    ids = 2 + np.random.default_rng(0).integers(0, MOE_CONFIGS[name]["vocab_size"] - 2, (2, SEQ))
+    loss, grads = training.loss_and_grads(load("jax", directory), ids)
+    hf = hf_model(directory)
+    tensor = torch.as_tensor(ids)
+    hf_loss = hf(tensor, labels=tensor).loss
+    hf_loss.backward()
+    hf_grads, im = {}, MOE_CONFIGS[name]["moe_intermediate_size"]
+    for n, p in hf.named_parameters():
+        if n.endswith("experts.gate_up_proj"):
+            for e, g in enumerate(p.grad.numpy()):
+                hf_grads[f"{n[: -len('gate_up_proj')]}{e}.gate_proj.weight"] = g[:im]
+                hf_grads[f"{n[: -len('gate_up_proj')]}{e}.up_proj.weight"] = g[im:]
+        elif n.endswith("experts.down_proj"):
+            for e, g in enumerate(p.grad.numpy()):
+                hf_grads[f"{n[: -len('down_proj')]}{e}.down_proj.weight"] = g
+        elif p.grad is not None:
+            hf_grads[n] = p.grad.numpy()
+    assert sorted(grads) == sorted(hf_grads)
+    assert abs(loss - hf_loss.item()) <= 1e-6 * abs(hf_loss.item())
+    bound = GRAD_REL * (1 + MOE_CONFIGS[name]["num_hidden_layers"]) ** 0.5
+    worst = max((rel_err(grads[n], hf_grads[n]), n) for n in grads)
+    print(f"{name}: loss {loss:.6f}, worst gradient rel error {worst[0]:.3g} ({worst[1]})")
+    assert worst[0] <= bound, worst
+
+
+def test_ties_go_to_the_lower_expert_index(hf_checkpoint):
+    """Equal probabilities: the lower expert index is chosen first (jax.lax.top_k's rule). On qwen3_moe_ties
+    (expert 1's router row = expert 0's) the tied pair straddles the k-th place on some tokens; transformers'
+    torch.topk is compared and its agreement printed (a tie broken the other way is the parity tool's near-tie).
+    Measured: transformers' logits and probabilities of experts 0 and 1 are bit-equal, yet CPU torch.topk chose
+    expert 1 on 11 of 12 straddling tokens (topk([0.25] * 4, 3) -> [2, 3, 0]): torch does not break ties low."""
+    import jax.numpy as jnp
+
+    from jax_impl.moe import route
+
+    ids, weights = route(jnp.zeros((1, 4), jnp.float32), 3, True, False)
+    np.testing.assert_array_equal(np.asarray(ids), [[0, 1, 2]])
+    np.testing.assert_allclose(np.asarray(weights), [[1 / 3] * 3], rtol=1e-6)
+    directory = hf_checkpoint("qwen3_moe_ties")
+    ids = np.random.default_rng(2).integers(0, 269, (2, SEQ))
+    _, hf_routing = hf_logits_and_routing(directory, ids)
+    trace: dict = {}
+    load("jax", directory)(ids, trace=trace)
+    for i, want in hf_routing.items():
+        got = np.asarray(trace[f"layers.{i}.moe.topk_ids"])
+        straddle = np.isin(got, [0, 1]).sum(-1) == 1  # [B, T]: only one of the tied pair selected
+        assert (np.sort(got, -1) == np.sort(want, -1)).all(-1)[~straddle].all()  # no tie involved: same set
+        for row in got[straddle]:  # the tie-break: expert 0, never 1, whenever only one of them is chosen
+            assert 0 in row and 1 not in row
+        agree = (np.sort(got, -1) == np.sort(want, -1)).all(-1)[straddle].mean() if straddle.any() else 1.0
+        print(f"layer {i}: {int(straddle.sum())} tokens at a straddling tie, transformers agrees on {agree:.0%}")

@@ -19,13 +19,13 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jax_impl.activation import GATED
 from jax_impl.linear import Linear
 from jax_impl.mlp import MLP
-from spec import InputError, ModelSpec
+from spec import ModelSpec
+from spec.inputs import check_routing as spec_check_routing
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -128,34 +128,10 @@ def route(logits: jax.Array, k: int, norm: bool, keep_f32: bool, forced: jax.Arr
 
 def check_routing(routing: dict | None, spec: ModelSpec, b: int, t: int) -> dict[int, jax.Array] | None:
     """Teacher-forced ids {sparse layer: [B, T, k] ints in [0, E), distinct per token} -> int32 device arrays.
-    Checked on the host: under jit an out-of-range id would be clamped by the gather, silently."""
-    if routing is None:
-        return None
-    if not isinstance(routing, dict):
-        raise InputError(f"routing must be a dict {{layer index: expert ids [B, T, k]}}, got {type(routing).__name__}")
-    forced, k, e = {}, spec.num_experts_per_tok, spec.num_experts
-    for layer, ids in routing.items():
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer not in spec.sparse_layers:
-            raise InputError(f"routing layer {layer!r} is not a sparse layer (sparse: {list(spec.sparse_layers)})")
-        a = np.asarray(ids)
-        if a.shape != (b, t, k) or not np.issubdtype(a.dtype, np.integer):
-            raise InputError(
-                f"routing for layer {layer}: expert ids must be integers of shape [{b}, {t}, {k}], got "
-                f"{a.dtype} {list(a.shape)}"
-            )
-        bad = np.argwhere((a < 0) | (a >= e))
-        if bad.size:
-            raise InputError(
-                f"routing for layer {layer}: expert id {int(a[tuple(bad[0])])} at [{', '.join(map(str, bad[0]))}] "
-                f"is outside [0, {e})"
-            )
-        s = np.sort(a, axis=-1)
-        dup = np.argwhere(s[..., 1:] == s[..., :-1])
-        if dup.size:
-            row, col, j = dup[0]
-            raise InputError(f"routing for layer {layer}: expert {int(s[row, col, j])} repeated at [{row}, {col}]")
-        forced[layer] = jnp.asarray(a, jnp.int32)
-    return forced
+    Checked on the host by the twins' shared rules (spec.inputs.check_routing): under jit an out-of-range id
+    would be clamped by the gather, silently."""
+    checked = spec_check_routing(routing, spec, b, t)
+    return None if checked is None else {layer: jnp.asarray(ids, jnp.int32) for layer, ids in checked.items()}
 
 
 class Experts(nnx.Module):

@@ -260,12 +260,12 @@ def test_teacher_forced_routing_under_jit_traces_once(hf_checkpoint):
 @pytest.mark.parametrize(
     ("routing", "match"),
     [
-        ({1: np.zeros((2, SEQ, 4), int)}, r"routing layer 1 is not a sparse layer"),
-        ({0: np.zeros((2, SEQ, 3), int)}, r"layer 0: expert ids must be integers of shape \[2, 13, 4\]"),
-        ({0: np.zeros((2, SEQ, 4), float)}, r"layer 0: .*float64"),
+        ({1: np.zeros((2, SEQ, 4), int)}, r"routing given for layer 1, which is not a sparse layer \(0, 2\)"),
+        ({0: np.zeros((2, SEQ, 3), int)}, r"layer 0: expert ids of shape \[2, 13, 3\], expected \[2, 13, 4\]"),
+        ({0: np.zeros((2, SEQ, 4), float)}, r"layer 0: expert ids must hold integer expert ids, got dtype float64"),
         ({2: np.tile([0, 1, 2, 6], (2, SEQ, 1))}, r"layer 2: expert id 6 at \[0, 0, 3\] is outside \[0, 6\)"),
         ({2: np.tile([0, 1, -1, 3], (2, SEQ, 1))}, r"layer 2: expert id -1 .* outside"),
-        ({0: np.tile([0, 1, 1, 3], (2, SEQ, 1))}, r"layer 0: expert 1 repeated at \[0, 0\]"),
+        ({0: np.tile([0, 1, 1, 3], (2, SEQ, 1))}, r"layer 0: expert 1 appears twice for token \[0, 0\]"),
     ],
 )
 def test_bad_routing_is_refused(routing, match, hf_checkpoint):

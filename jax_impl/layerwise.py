@@ -37,6 +37,7 @@ from jax_impl.layernorm import make_norm
 from jax_impl.linear import Linear
 from jax_impl.loader import _FLAX_ATTR, DTYPES
 from jax_impl.model import causal_mask, default_positions, embedding_scale, final_softcap
+from jax_impl.moe import check_routing
 from jax_impl.rotary_embedding import RotaryEmbedding
 from kernels import resolve_kernels
 from spec import Checkpoint, InputError, ModelSpec, check_token_ids, dtype_name, runtime_params
@@ -57,6 +58,7 @@ def _layer_program(
     residual: jax.Array | None,
     spec: ModelSpec,
     layer_type: str,
+    routing: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None, dict[str, jax.Array]]:
     """One decoder layer with the RoPE angles and mask `CausalLM.__call__` builds for unpadded ids and a layer of
     `layer_type` (its window, its RoPE frequencies): one program per layer type, not per layer."""
@@ -67,7 +69,8 @@ def _layer_program(
     cos, sin = RotaryEmbedding(spec, rope)(default_positions(key_valid, 0, t))
     mask = causal_mask(key_valid, 0, t, spec.sliding_window if layer_type == SLIDING else None)
     trace: dict[str, jax.Array] = {}
-    hidden, residual, _ = layer(hidden, residual, cos, sin, mask, None, trace)
+    forced = {} if routing is None else {"routing": routing}  # a sparse layer's teacher-forced ids [B, T, k]
+    hidden, residual, _ = layer(hidden, residual, cos, sin, mask, None, trace, **forced)
     return hidden, residual, trace
 
 
@@ -181,8 +184,14 @@ class Layerwise:
         plain = self.spec.parallel_residual or not self.spec.pre_norm  # plain-flow layers take (x, None)
         return (array, None) if first_layer or plain else (jnp.zeros_like(array), array)
 
-    def run_layer(self, index: int, inputs: Sequence[Boundary], traces: Sequence[Trace]) -> list[Boundary]:
-        """Load decoder layer `index`, run it on each input (recording into the matching trace), drop it."""
+    def run_layer(
+        self, index: int, inputs: Sequence[Boundary], traces: Sequence[Trace],
+        routing: Sequence[np.ndarray | None] | None = None,
+    ) -> list[Boundary]:  # fmt: skip
+        """Load decoder layer `index`, run it on each input (recording into the matching trace), drop it.
+
+        `routing`: per input, this (sparse) layer's teacher-forced expert ids [B, T, k] or None (jax_impl/moe.py;
+        checked as CausalLM checks them)."""
         if not self._embedded:
             raise InputError("run_layer before embed: a streamed forward starts with embed(ids)")
         sparse = self.spec.is_sparse(index)  # built as layer 0 with layer index's MLP: a dense or a sparse block
@@ -196,8 +205,12 @@ class Layerwise:
         )
         outputs = []
         kind = self.spec.layer_type(index)
-        for (hidden, residual), trace in zip(inputs, traces, strict=True):
-            hidden, residual, captured = self._run(_layer_program, graphdef, state, hidden, residual, self.spec, kind)
+        forced = [None] * len(inputs) if routing is None else list(routing)
+        for (hidden, residual), trace, ids in zip(inputs, traces, forced, strict=True):
+            if ids is not None:
+                ids = check_routing({index: ids}, self.spec, *hidden.shape[:2])[index]
+            program = partial(_layer_program, routing=ids)
+            hidden, residual, captured = self._run(program, graphdef, state, hidden, residual, self.spec, kind)
             if trace is not None:
                 name = f"layers.{index}."
                 trace.update({name + key.removeprefix(_BUILT_AS): value for key, value in captured.items()})

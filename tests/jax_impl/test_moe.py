@@ -126,6 +126,17 @@ def test_layer_streamed_matches_whole_model(hf_checkpoint):
     for key in ("layers.0.moe.topk_ids", "layers.2.moe.topk_ids"):
         np.testing.assert_array_equal(np.asarray(trace[key]), np.asarray(whole[key]))
     assert "layers.1.mlp.gate_up" in trace and "layers.1.moe.topk_ids" not in trace
+    # teacher forcing per streamed layer: layer 2 given other experts on one token, as the whole model is
+    other = np.asarray(whole["layers.2.moe.topk_ids"]).copy()
+    other[0, 3] = [e for e in range(6) if e not in other[0, 3]][:2] + list(other[0, 3][:2])
+    forced_whole: dict = {}
+    load("jax", directory)(ids, trace=forced_whole, routing={2: other})
+    forced = {}
+    boundary = [streamed.embed(ids, forced)]
+    for i in range(streamed.spec.num_hidden_layers):
+        boundary = streamed.run_layer(i, boundary, [forced], routing=[other] if i == 2 else None)
+    np.testing.assert_array_equal(np.asarray(forced["layers.2.moe.topk_ids"]), other)
+    assert rel_err(np.asarray(streamed.head(boundary, [forced])[0]), np.asarray(forced_whole["logits"])) <= FP32_REL
 
 
 # -- known answers: 2 tokens, 3 experts, top-2, worked out by hand --------------------------------------------------

@@ -165,7 +165,8 @@ def test_constructed_ties_are_near_ties_not_failures(hf_checkpoint):
 @pytest.mark.parametrize("name", [*sorted(MOE_CONFIGS), "qwen3_moe_ties"])
 def test_bfloat16_flips_are_near_ties(hf_checkpoint, name, tmp_path):
     """In bfloat16 equal-looking logits are common (measured on qwen3_moe_ties: torch and jax flip one token at a
-    margin of one bf16 ulp, 0.0078); every flip is within the bound, and the JSON report carries the routing."""
+    margin of one bf16 ulp, 0.0078 to 0.016 in repeated runs); every flip is within the bound, and the JSON
+    report carries the routing."""
     report = parity.check(hf_checkpoint(name), reference="hf", dtype="bfloat16", **CHECK, baseline=False)
     assert report.passed, report.format()
     assert all(r.agreement > 0.9 and not r.failures for c in report.comparisons for r in c.routing)

@@ -5,6 +5,9 @@ a shared expert behind a sigmoid gate. Mirrors torch_impl/moe.py; the math is tr
     probs = softmax(float32(router_logits))           top-k over probs: ties go to the lower expert index
     weights = top-k probs (/ their sum if norm_topk_prob), in float32 (Mixtral) or rounded to the activation dtype
     experts_out[n] = sum_j round(weights[n, j] * expert_{ids[n, j]}(x_n))
+                                        (transformers adds the k products one by one in expert order, each add
+                                        rounded; here the sum over k is one reduction: the same for k = 2, within
+                                        an ulp of the activation dtype for k > 2)
 
 The experts are one parameter per projection, `StackedLinear.kernel` [E, in, out] (Flax layout: the loader swaps
 the checkpoint's [E, out, in]). The jitted path has no Python loop over experts: `DISPATCH` names four forms

@@ -13,6 +13,7 @@ the loader places each device's slice.
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -235,16 +236,15 @@ class CausalLM(nnx.Module):
         key_valid = np.ones((b, t), bool) if attention_mask is None else check_attention_mask(attention_mask, b, t)
         forced = check_routing(routing, self.spec, b, t)
         graphdef, state = nnx.split(self)
-        logits, captured = forward(
-            graphdef,
-            state,
-            jnp.asarray(ids, jnp.int32),
-            key_valid,
-            None if positions is None else jnp.asarray(check_positions(positions, self.spec, b, t), jnp.int32),
-            forced,
-            last_only=last_only,
-            trace=trace is not None,
-        )
+        if positions is not None:
+            positions = jnp.asarray(check_positions(positions, self.spec, b, t), jnp.int32)
+        # A sharded model runs under the mesh its parameters live on (its shard_maps need one: expert_parallel.py)
+        mesh = self.model.embed_tokens.weight[...].sharding.mesh if self.layout.tp > 1 or self.ep > 1 else None
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            logits, captured = forward(
+                graphdef, state, jnp.asarray(ids, jnp.int32), key_valid, positions, forced,
+                last_only=last_only, trace=trace is not None,
+            )  # fmt: skip
         if trace is not None:
             trace.update(captured)
         return logits

@@ -35,6 +35,13 @@ def main(directory: str, tp: int, ep: int) -> dict:
     for layer in model.model.layers:
         if layer.sparse:
             layer.mlp.dispatch = None
+    # CausalLM.__call__ on the sharded model (under its mesh): logits, trace and teacher-forced routing
+    trace: dict = {}
+    whole = np.asarray(model(ids, trace=trace))[..., : spec.vocab_size]
+    out["call_rel_err"] = float(np.abs(whole - full).max() / np.abs(full).max())
+    own = {i: np.asarray(trace[f"layers.{i}.moe.topk_ids"]) for i in spec.sparse_layers}
+    forced = np.asarray(model(ids, routing=own))[..., : spec.vocab_size]
+    out["forced_rel_err"] = float(np.abs(forced - whole).max() / np.abs(whole).max())
     # Each device holds its expert coordinate's run of experts, as a torch EP rank would (down_proj [E, Im, H]:
     # its tensor-parallel split is a contiguous run of Im too; gate_up's is [gate_r | up_r] per rank).
     layer = spec.sparse_layers[0]

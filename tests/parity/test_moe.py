@@ -162,7 +162,7 @@ def test_constructed_ties_are_near_ties_not_failures(hf_checkpoint):
     assert "near-tie tokens (k-th/(k+1)-th margin <=" in text and "left out" in text
 
 
-@pytest.mark.parametrize("name", [*sorted(MOE_CONFIGS), "qwen3_moe_ties"])
+@pytest.mark.parametrize("name", ["mixtral_e5k2", "qwen3_moe_ties"])  # float32 weights; exact ties (CI time)
 def test_bfloat16_flips_are_near_ties(hf_checkpoint, name, tmp_path):
     """In bfloat16 equal-looking logits are common (measured on qwen3_moe_ties: torch and jax flip one token at a
     margin of one bf16 ulp, 0.0078 to 0.016 in repeated runs); every flip is within the bound, and the JSON

@@ -64,7 +64,10 @@ def test_float32_logits_and_routing_match_transformers(name, hf_checkpoint):
     ref, hf_routing = hf_logits_and_routing(directory, ids)
     model = load("jax", directory)
     assert sorted(hf_routing) == list(model.spec.sparse_layers)
-    for form in ("tiled", "ragged", "dense", "gather"):  # every dispatch form, not only the one each phase takes
+    # Every dispatch form on the E = 6, k = 4 model; the two the phases take on the others (CI time). The known-answer
+    # block test runs every form on every routing rule.
+    forms = ("tiled", "ragged", "dense", "gather") if name == "qwen3_moe_e6k4" else ("tiled", "gather")
+    for form in forms:
         set_dispatch(model, form)
         trace: dict = {}
         logits = np.asarray(model(ids, trace=trace))

@@ -37,7 +37,7 @@ def run_ep(directory: Path, devices: int, tp: int, ep: int) -> dict:
         ("qwen3_moe_e6k4", 4, 2, 2),
     ],
 )  # EP 4, and TP 2 x EP 2 (each expert's Im split and the experts split); EP 2 alone on 2 devices runs in
-# tests/parity/test_tensor_parallel.py (check --ep 2), TP alone on MoE layers there too (CI time: 2 x ~60 s saved)
+# tests/parity/test_tensor_parallel.py (check --ep 2); TP alone splits the experts as TP 2 x EP 2 does (CI time)
 def test_expert_parallel_equals_unsharded(name, devices, tp, ep, hf_checkpoint):
     out = run_ep(hf_checkpoint(name), devices, tp, ep)
     print(f"{name} tp={tp} ep={ep}: {out}")

@@ -1,6 +1,6 @@
 """A mixture-of-experts layer's MLP (`SparseMoeBlock`): a router, top-k routing, stacked experts, and (Qwen2-MoE)
-a shared expert behind a sigmoid gate. Mirrors torch_impl/moe.py; the math is transformers' (docs/design.md,
-"Mixture of experts"):
+a shared expert behind a sigmoid gate. Mirrors torch_impl/moe.py; the math is transformers'
+(docs/design.md, "Mixture of experts"):
 
     router_logits = x @ Wr^T                          activation dtype, as transformers' F.linear
     probs = softmax(float32(router_logits))           top-k over probs: ties go to the lower expert index

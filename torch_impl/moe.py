@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spec import InputError, ModelSpec
+from spec import ModelSpec
+from spec.inputs import check_routing as spec_check_routing
 from torch_impl.activation import GATED
 from torch_impl.linear import Linear, linear
 from torch_impl.mlp import MLP
@@ -54,34 +55,12 @@ def check_routing(
     routing: dict[int, object] | None, spec: ModelSpec, batch: int, length: int, device: torch.device
 ) -> dict[int, torch.Tensor] | None:
     """Teacher-forced expert ids {sparse layer: [B, T, k] integers in [0, E), distinct per token} -> int64 tensors
-    on `device`. An InputError names the layer and what is wrong (the same words as jax_impl/moe.py's)."""
-    if routing is None:
+    on `device`, checked by the twins' shared rules (spec.inputs.check_routing), so both backends refuse bad ids
+    with the same words."""
+    checked = spec_check_routing(routing, spec, batch, length)
+    if checked is None:
         return None
-    if not isinstance(routing, dict):
-        raise InputError(f"routing must be a dict {{layer index: expert ids [B, T, k]}}, got {type(routing).__name__}")
-    k, e, checked = spec.num_experts_per_tok, spec.num_experts, {}
-    for layer, ids in routing.items():
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or layer not in spec.sparse_layers:
-            raise InputError(f"routing layer {layer!r} is not a sparse layer (sparse: {list(spec.sparse_layers)})")
-        a = ids.detach().cpu().numpy() if torch.is_tensor(ids) else np.asarray(ids)
-        if a.shape != (batch, length, k) or not np.issubdtype(a.dtype, np.integer):
-            raise InputError(
-                f"routing for layer {layer}: expert ids must be integers of shape [{batch}, {length}, {k}], got "
-                f"{a.dtype} {list(a.shape)}"
-            )
-        bad = np.argwhere((a < 0) | (a >= e))
-        if bad.size:
-            raise InputError(
-                f"routing for layer {layer}: expert id {int(a[tuple(bad[0])])} at [{', '.join(map(str, bad[0]))}] "
-                f"is outside [0, {e})"
-            )
-        s = np.sort(a, axis=-1)  # an expert twice for one token would be counted twice: refused
-        dup = np.argwhere(s[..., 1:] == s[..., :-1])
-        if dup.size:
-            row, col, j = dup[0]
-            raise InputError(f"routing for layer {layer}: expert {int(s[row, col, j])} repeated at [{row}, {col}]")
-        checked[int(layer)] = torch.as_tensor(a.astype(np.int64), device=device)
-    return checked
+    return {layer: torch.as_tensor(ids.astype(np.int64), device=device) for layer, ids in checked.items()}
 
 
 class Experts(nn.Module):

@@ -140,8 +140,11 @@ def test_help_tolerances_and_no_command(capsys):
 
 @pytest.mark.skipif(not HAS_FUSED, reason="fused kernels (triton, kernels/triton, kernels/pallas) not available")
 def test_module_entry_point_sets_up_the_triton_interpreter_itself(default_dir):
-    """`python -m parity check --kernels fused` in a fresh process without TRITON_INTERPRET: the CLI sets it."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    """`python -m parity check --kernels fused` in a fresh process without TRITON_INTERPRET: the CLI sets it. The
+    process has none of the test run's compile settings either (tests/conftest.py): the whole check, both
+    backends, at XLA's default optimization level, as a user runs it."""
+    test_settings = ("TRITON_INTERPRET", "XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in test_settings and not k.startswith("JAX_PERSISTENT_CACHE")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-m", "parity", "check", str(default_dir), "--kernels", "fused", "--seq-len", "4", "-q"],

@@ -76,6 +76,12 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [N, H], ids [N, k] global expert indices, weights [N, k] -> this rank's sum over its experts [N, H]."""
+        if x.shape[0] == 1:
+            return self._one_token(x, ids, weights)
+        return self._grouped(x, ids, weights)
+
+    def _grouped(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """forward() for any number of tokens: the (token, slot) pairs grouped by expert (the module docstring)."""
         k = ids.shape[1]
         flat = ids.reshape(-1) - self.first  # [N * k] local index; outside [0, count): another rank's expert
         slots = ((flat >= 0) & (flat < self.count)).nonzero()[:, 0]  # [M] this rank's (token, slot) pairs
@@ -99,6 +105,24 @@ class Experts(nn.Module):
             ys = torch.cat(outs) * weights.reshape(-1)[slots][:, None]  # [M, H]; float32 where the weights are
             out = out.index_add(0, tokens, ys.to(x.dtype))
         return out
+
+    def _one_token(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """forward() for one token (a batch-1 decode step): the k ids read on the host once, then the same
+        products without the device-side sort and gather, whose per-call cost is most of a small step.
+        Bit-identical to _grouped: each expert gets one row either way, and the weighted rows are summed by the
+        same index_add in expert order (for bfloat16 it accumulates in float32 before rounding, as
+        transformers' own index_add_ does, so a chain of `+` would not match it)."""
+        gate_up, down = self.gate_up_proj.weight.unbind(0), self.down_proj.weight.unbind(0)
+        chosen = sorted((e - self.first, j) for j, e in enumerate(ids[0].tolist()))  # by expert
+        ys = [
+            linear(self.act_fn(linear(x, gate_up[e])), down[e]) * weights[:, j : j + 1]  # [1, H]; [1, 1] promotes
+            for e, j in chosen
+            if 0 <= e < self.count  # else another rank's expert
+        ]
+        if not ys:
+            return torch.zeros_like(x)
+        rows = torch.zeros(len(ys), dtype=torch.long, device=x.device)  # [m]: every row is token 0
+        return torch.zeros_like(x).index_add(0, rows, torch.cat(ys).to(x.dtype))  # [1, H]
 
 
 class SparseMoeBlock(nn.Module):

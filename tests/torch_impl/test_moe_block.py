@@ -5,6 +5,7 @@ tests/jax_impl/test_moe_block.py; the whole models against transformers are in t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -111,3 +112,23 @@ def test_mixtral_weights_stay_float32_and_qwen_weights_are_rounded():
         assert trace["layers.0.moe.router_logits"].dtype == torch.bfloat16  # computed in the activation dtype
         w = float(weights[0, 0, 0])
         assert w == float(torch.tensor(w).bfloat16()) if not mixtral else w != float(torch.tensor(w).bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mixtral", [False, True])
+def test_one_token_path_is_bit_identical_to_the_grouped_path(dtype, mixtral):
+    """A batch-1 decode step takes Experts._one_token; its output must equal _grouped's bit for bit (each expert
+    gets one row either way, summed in expert order), the routing weights float32 (Mixtral) or rounded (Qwen)."""
+    spec = dataclasses.replace(block_spec(True, mixtral=mixtral), hidden_size=24, num_experts=7, num_experts_per_tok=3)
+    spec = dataclasses.replace(spec, moe_intermediate_size=5)
+    block = SparseMoeBlock(spec, 0).to(dtype)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in block.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen))
+        for seed in range(8):
+            x = torch.randn(1, 24, generator=torch.Generator().manual_seed(seed)).to(dtype)
+            _, ids, weights = block.route(x)
+            one = block.experts._one_token(x, ids, weights)
+            assert torch.equal(one, block.experts._grouped(x, ids, weights)), seed
+            assert torch.equal(block.experts(x, ids, weights), one)

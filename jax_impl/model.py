@@ -103,7 +103,9 @@ class Model(nnx.Module):
         rngs: nnx.Rngs,
     ):  # fmt: skip
         self.spec = layout = ShardLayout(spec, tp).global_spec  # every rank's heads, features and vocabulary rows
-        self.embed_tokens = Embedding(layout.vocab_size, spec.hidden_size, dtype=dtype, tp=tp, rngs=rngs)
+        self.embed_tokens = Embedding(
+            layout.vocab_size, spec.hidden_size, dtype=dtype, tp=tp, pad_token_id=spec.pad_token_id, rngs=rngs
+        )
         self.layers = nnx.List(
             [
                 decoder_layer(layout, i, dtype=dtype, kernels=kernels, tp=tp, ep=ep, rngs=rngs)

@@ -16,15 +16,25 @@ DATA, MODEL = "data", "model"
 EXPERT = "expert"  # expert parallelism's mesh axis (jax_impl/expert_parallel.py)
 
 
-def vocab_parallel_embedding(input_ids: jax.Array, weight: jax.Array) -> jax.Array:
+def no_pad_gradient(rows: jax.Array, input_ids: jax.Array, pad_token_id: int | None) -> jax.Array:
+    """Gathered rows [B, T, H] of `input_ids` [B, T] with no gradient flowing back where the id is `pad_token_id`
+    (transformers' padding_idx: the lookup does not train that row); the values are unchanged."""
+    if pad_token_id is None:
+        return rows
+    return jnp.where((input_ids == pad_token_id)[..., None], jax.lax.stop_gradient(rows), rows)
+
+
+def vocab_parallel_embedding(input_ids: jax.Array, weight: jax.Array, pad_token_id: int | None = None) -> jax.Array:
     """ids [B, T] (global, already validated), table [V_pad, H] sharded on V -> rows [B, T, H]: each device
-    gathers the ids it owns, zero elsewhere, then a sum across devices."""
+    gathers the ids it owns, zero elsewhere, then a sum across devices. The shard holding row `pad_token_id`
+    (global) gives it no gradient from the lookup."""
 
     def local(table_shard: jax.Array, ids_shard: jax.Array) -> jax.Array:
         rows = table_shard.shape[0]
         local_ids = ids_shard - jax.lax.axis_index(MODEL) * rows
         inside = (local_ids >= 0) & (local_ids < rows)  # ids owned by this shard
         gathered = jnp.take(table_shard, jnp.where(inside, local_ids, 0), axis=0)  # [B, T, H]
+        gathered = no_pad_gradient(gathered, ids_shard, pad_token_id)
         return jax.lax.psum(jnp.where(inside[..., None], gathered, 0), MODEL)
 
     specs = dict(in_specs=(P(MODEL, None), P(DATA, None)), out_specs=P(DATA, None, None))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from spec.errors import ConfigError
-from spec.families import ACTIVATIONS, FAMILIES, FULL, SLIDING, read_structure
+from spec.families import ACTIVATIONS, FAMILIES, FULL, PADDING_ROW_DEFAULTS, SLIDING, read_structure
 from spec.hf_config import hf_config
 from spec.json_fields import MAX_SIZE, Fields, is_int, is_number, load_json
 from spec.rope import RopeScaling, rope_inv_freq
@@ -62,6 +62,9 @@ class ModelSpec:
     qk_norm_scope: str = "head"  # "head": over each head's d (Qwen3, Gemma 3); "projection": over n*d (OLMo 2)
     partial_rotary_factor: float = 1.0  # RoPE on the first int(head_dim * factor) dims of each head (GPT-NeoX)
     embedding_scale: bool = False  # embeddings times sqrt(hidden) rounded to the activation dtype (Gemma)
+    # the embedding row that gets no gradient from the lookup (transformers' padding_idx; spec/families.py,
+    # PADDING_ROW_DEFAULTS): an id in [0, vocab_size) or None. A tied head still trains that row.
+    pad_token_id: int | None = None
     query_pre_attn_scalar: float | None = None  # scores scaled by this ** -0.5 instead of head_dim ** -0.5
     attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
     final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
@@ -128,6 +131,14 @@ class ModelSpec:
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} = {getattr(self, name)!r} is not one of {allowed}")
+        pad = self.pad_token_id
+        if pad is not None and (not is_int(pad) or not 0 <= pad <= MAX_SIZE):
+            raise ConfigError(f"config key 'pad_token_id' must be an integer in [0, {MAX_SIZE}] or null, got {pad!r}")
+        if pad is not None and self.model_type not in PADDING_ROW_DEFAULTS:
+            raise ConfigError(
+                f"pad_token_id = {pad!r} but a {self.model_type} embedding has no padding row (transformers builds "
+                "it without padding_idx)"
+            )
         self._check_structure()
         self._check_moe()
 
@@ -298,9 +309,13 @@ class ModelSpec:
                 )
             head_dim = hidden // heads
         structure = read_structure(fields, model_type, layers)
+        vocab = fields.integer("vocab_size")
+        pad = structure["pad_token_id"]
+        if pad is not None and pad >= vocab:  # a shard's local_spec keeps the global id: checked here, not on init
+            raise ConfigError(f"config key 'pad_token_id' = {pad!r} must be an id in [0, vocab_size = {vocab}) or null")
         return cls(
             model_type=model_type,
-            vocab_size=fields.integer("vocab_size"),
+            vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=fields.integer("intermediate_size"),
             num_hidden_layers=layers,

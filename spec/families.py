@@ -38,6 +38,23 @@ ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
     "gelu": "gelu",
 }
+# The padding row (docs/design.md, "Training"): where transformers builds the embedding as
+# nn.Embedding(vocab, hidden, padding_idx=config.pad_token_id), row pad_token_id gets no gradient from the lookup
+# (a tied head's use of the table still gives it one). Family -> its config class's pad_token_id default, for the
+# families whose model passes padding_idx: Llama, Mistral, Qwen2/3 (and their MoE), Mixtral: None; Gemma 2/3: 0;
+# OLMo 2: 1. GPT-NeoX's `embed_in` has no padding_idx: absent here, its pad_token_id is not read (spec: None).
+PADDING_ROW_DEFAULTS: dict[str, int | None] = {
+    "qwen3": None,
+    "qwen2": None,
+    "llama": None,
+    "mistral": None,
+    "gemma2": 0,
+    "gemma3_text": 0,
+    "olmo2": 1,
+    "qwen3_moe": None,
+    "qwen2_moe": None,
+    "mixtral": None,
+}
 # Keys whose presence (with a non-trivial value) means mixture-of-experts: refused outside the MoE families.
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 
@@ -58,7 +75,17 @@ def read_structure(fields: Fields, model_type: str, num_layers: int) -> dict[str
         "qwen2_moe": _qwen_moe,
         "mixtral": _mixtral,
     }[model_type]
-    return reader(fields, model_type, num_layers)
+    return {**reader(fields, model_type, num_layers), "pad_token_id": _pad_token_id(fields, model_type)}
+
+
+def _pad_token_id(fields: Fields, model_type: str) -> int | None:
+    """The embedding's padding row (PADDING_ROW_DEFAULTS): absent -> the family's default, null -> none. Its range
+    against vocab_size is checked by ModelSpec.from_hf_config."""
+    if model_type not in PADDING_ROW_DEFAULTS:
+        return None  # no padding_idx in this family's embedding: the key does not change the model
+    if "pad_token_id" not in fields.obj:
+        return PADDING_ROW_DEFAULTS[model_type]
+    return fields.integer("pad_token_id", None, minimum=0)
 
 
 def _refuse_common(fields: Fields, model_type: str) -> None:

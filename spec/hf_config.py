@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from spec.errors import ConfigError
-from spec.families import FULL, SLIDING
+from spec.families import FULL, PADDING_ROW_DEFAULTS, SLIDING
 from spec.rope import RopeScaling
 
 ARCHITECTURES = {
@@ -98,6 +98,8 @@ def hf_config(spec: Any) -> dict[str, Any]:
         )
         config["rope_parameters"]["partial_rotary_factor"] = spec.partial_rotary_factor
         del config["head_dim"], config["num_key_value_heads"]
+    if spec.model_type in PADDING_ROW_DEFAULTS:  # null where the spec has none (absent would read as the default)
+        config["pad_token_id"] = spec.pad_token_id
     if spec.num_experts:
         config.update(_moe(spec))
     return config

@@ -105,7 +105,9 @@ class Model(nn.Module):
         layout = rank_layout(spec, tp, group)
         self.spec = local = layout.local_spec  # this rank's heads, features and vocabulary rows
         h = spec.hidden_size
-        self.embed_tokens = Embedding(local.vocab_size, h, tp=tp, vocab_start=layout.vocab_start, group=group)
+        self.embed_tokens = Embedding(
+            local.vocab_size, h, tp=tp, vocab_start=layout.vocab_start, group=group, pad_token_id=spec.pad_token_id
+        )
         moe = dict(experts=rank_experts(spec, ep_group), ep_group=ep_group)
         self.layers = nn.ModuleList(
             decoder_layer(local, i, kernels=kernels, tp=tp, group=group, **moe) for i in range(spec.num_hidden_layers)

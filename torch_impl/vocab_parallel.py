@@ -5,7 +5,8 @@ multiple of the degree and rank r holds rows [r * shard, (r + 1) * shard) of the
 (spec/parallel.py, `ShardLayout`).
 
 - `vocab_parallel_embedding` looks up the ids that fall in this rank's rows, zeroes the rest, and
-  all-reduces (sum): each id is found on exactly one rank, so the sum is exact in any dtype.
+  all-reduces (sum): each id is found on exactly one rank, so the sum is exact in any dtype. The rank that
+  holds row `pad_token_id` gives it no gradient from the lookup (transformers' padding_idx).
 - `mask_padding` sets the logits of the padding rows to -inf, so no max, argmax or softmax picks them.
 - `greedy_token` reduces each shard's (max, argmax) across ranks, two all-reduces of [B] each: the
   full-vocabulary logits are never gathered on the greedy path.
@@ -25,12 +26,20 @@ from torch_impl.tensor_parallel import reduce_from_ranks
 
 
 def vocab_parallel_embedding(
-    input_ids: torch.Tensor, weight: torch.Tensor, vocab_start: int, group: dist.ProcessGroup | None = None
+    input_ids: torch.Tensor,
+    weight: torch.Tensor,
+    vocab_start: int,
+    group: dist.ProcessGroup | None = None,
+    pad_token_id: int | None = None,
 ) -> torch.Tensor:
-    """ids [B, T] (global, already validated) and this rank's rows [shard, H] -> embeddings [B, T, H]."""
+    """ids [B, T] (global, already validated) and this rank's rows [shard, H] -> embeddings [B, T, H].
+
+    `pad_token_id` (global) names the row the lookup does not train; only the rank holding it sees it."""
     outside = (input_ids < vocab_start) | (input_ids >= vocab_start + weight.shape[0])  # [B, T]
     local = (input_ids - vocab_start).masked_fill(outside, 0)  # any in-range row; zeroed below
-    hidden = F.embedding(local, weight).masked_fill(outside[..., None], 0)  # [B, T, H]
+    pad = None if pad_token_id is None else pad_token_id - vocab_start
+    pad = pad if pad is not None and 0 <= pad < weight.shape[0] else None  # this rank's row, or none here
+    hidden = F.embedding(local, weight, padding_idx=pad).masked_fill(outside[..., None], 0)  # [B, T, H]
     return reduce_from_ranks(hidden, group)  # one rank holds each id's row, the others add zeros
 
 

@@ -145,6 +145,8 @@ def test_from_pretrained_reads_directory_and_reports_bad_json(tmp_path):
 def test_round_trip_through_hf_config():
     spec = make(model_type="llama", rope_scaling={"rope_type": "linear", "factor": 2.0})
     assert ModelSpec.from_hf_config(spec.to_hf_config()) == spec
+    padded = make(model_type="llama", pad_token_id=7)  # the embedding's padding row (tests/spec/test_pad_token.py)
+    assert padded.pad_token_id == 7 and ModelSpec.from_hf_config(padded.to_hf_config()) == padded
 
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}

@@ -311,8 +311,12 @@ class ModelSpec:
         structure = read_structure(fields, model_type, layers)
         vocab = fields.integer("vocab_size")
         pad = structure["pad_token_id"]
-        if pad is not None and pad >= vocab:  # a shard's local_spec keeps the global id: checked here, not on init
-            raise ConfigError(f"config key 'pad_token_id' = {pad!r} must be an id in [0, vocab_size = {vocab}) or null")
+        if pad is not None and not -vocab <= pad < vocab:  # a shard's local_spec keeps the global id: checked here
+            raise ConfigError(
+                f"config key 'pad_token_id' = {pad!r} must be an id in [-{vocab}, vocab_size = {vocab}) or null"
+            )
+        if pad is not None and pad < 0:  # nn.Embedding's rule: -1 is the last row (old Llama configs write -1)
+            structure["pad_token_id"] = pad + vocab
         return cls(
             model_type=model_type,
             vocab_size=vocab,

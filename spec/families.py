@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from spec.errors import ConfigError
-from spec.json_fields import Fields
+from spec.json_fields import MAX_SIZE, Fields
 from spec.rope import RopeScaling, global_rope, parse_rope
 
 FAMILIES = (
@@ -85,7 +85,7 @@ def _pad_token_id(fields: Fields, model_type: str) -> int | None:
         return None  # no padding_idx in this family's embedding: the key does not change the model
     if "pad_token_id" not in fields.obj:
         return PADDING_ROW_DEFAULTS[model_type]
-    return fields.integer("pad_token_id", None, minimum=0)
+    return fields.integer("pad_token_id", None, minimum=-MAX_SIZE)  # negative: from the end, checked with the vocab
 
 
 def _refuse_common(fields: Fields, model_type: str) -> None:

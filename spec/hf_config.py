@@ -76,7 +76,7 @@ def hf_config(spec: Any) -> dict[str, Any]:
             hidden_activation=_ACT_NAMES[spec.hidden_act],
             rms_norm_eps=spec.rms_norm_eps,
             attention_bias=spec.attention_bias,
-            query_pre_attn_scalar=spec.query_pre_attn_scalar,
+            query_pre_attn_scalar=_int_if_whole(spec.query_pre_attn_scalar),  # transformers 5's Gemma wants an int
             attn_logit_softcapping=spec.attn_logit_softcapping,
             final_logit_softcapping=spec.final_logit_softcapping,
             sliding_window=spec.sliding_window,
@@ -124,3 +124,8 @@ def _moe(spec: Any) -> dict[str, Any]:
     if spec.model_type == "qwen2_moe":
         config["shared_expert_intermediate_size"] = spec.shared_expert_intermediate_size
     return config
+
+
+def _int_if_whole(value: float | None) -> float | int | None:
+    """256.0 -> 256: the Gemma config classes of transformers 5 refuse a float query_pre_attn_scalar."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value

@@ -89,8 +89,6 @@ def test_transformers_reads_our_written_pad_token_id(model_type):
     model_spec = dataclasses.replace(ModelSpec.from_hf_config(written(NAMES[model_type])), pad_token_id=3)
     for pad in (3, None):
         config = dataclasses.replace(model_spec, pad_token_id=pad).to_hf_config()
-        if config.get("query_pre_attn_scalar") is not None:  # written as a float; transformers 5 wants an int
-            config["query_pre_attn_scalar"] = int(config["query_pre_attn_scalar"])
         assert transformers.AutoConfig.for_model(**config).pad_token_id == pad
 
 
@@ -105,14 +103,14 @@ def test_gpt_neox_ignores_the_key_and_refuses_the_field():
 @pytest.mark.parametrize(
     ("pad", "needle"),
     [
-        (True, "'pad_token_id' must be an integer in [0, 2147483647], got true"),
-        (False, "'pad_token_id' must be an integer in [0, 2147483647], got false"),
-        (1.0, "'pad_token_id' must be an integer in [0, 2147483647], got 1.0"),
-        ("0", "'pad_token_id' must be an integer in [0, 2147483647], got \"0\""),
-        (-1, "'pad_token_id' must be an integer in [0, 2147483647], got -1"),
-        (2**40, "'pad_token_id' must be an integer in [0, 2147483647], got 1099511627776"),
-        (307, "'pad_token_id' = 307 must be an id in [0, vocab_size = 307) or null"),
-        (100_000, "'pad_token_id' = 100000 must be an id in [0, vocab_size = 307) or null"),
+        (True, "'pad_token_id' must be an integer in [-2147483647, 2147483647], got true"),
+        (False, "'pad_token_id' must be an integer in [-2147483647, 2147483647], got false"),
+        (1.0, "'pad_token_id' must be an integer in [-2147483647, 2147483647], got 1.0"),
+        ("0", "'pad_token_id' must be an integer in [-2147483647, 2147483647], got \"0\""),
+        (-308, "'pad_token_id' = -308 must be an id in [-307, vocab_size = 307) or null"),
+        (2**40, "'pad_token_id' must be an integer in [-2147483647, 2147483647], got 1099511627776"),
+        (307, "'pad_token_id' = 307 must be an id in [-307, vocab_size = 307) or null"),
+        (100_000, "'pad_token_id' = 100000 must be an id in [-307, vocab_size = 307) or null"),
     ],
 )
 def test_bad_pad_token_id_names_key_and_value(pad, needle):
@@ -120,6 +118,14 @@ def test_bad_pad_token_id_names_key_and_value(pad, needle):
         with pytest.raises(ConfigError) as err:
             ModelSpec.from_hf_config({**BASE, "model_type": model_type, "pad_token_id": pad})
         assert needle in str(err.value)
+
+
+def test_negative_id_counts_from_the_end_as_nn_embedding_does():
+    """Old Llama configs write pad_token_id -1: transformers' nn.Embedding(padding_idx=-1) pads the last row."""
+    import torch
+
+    model_spec = ModelSpec.from_hf_config({**BASE, "pad_token_id": -1})
+    assert model_spec.pad_token_id == 306 == torch.nn.Embedding(307, 4, padding_idx=-1).padding_idx
 
 
 @pytest.mark.parametrize("pad", [True, 2.0, "3", -2])

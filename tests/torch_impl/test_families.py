@@ -146,9 +146,10 @@ def test_loss_and_gradients_match_transformers(name, hf_checkpoint):
     from torch_impl.training import loss_and_grads
 
     directory = hf_checkpoint(name)
-    # Ids from 2 on: transformers' Gemma (pad_token_id 0) and OLMo 2 (1) build nn.Embedding(padding_idx=pad), whose
-    # row gets no gradient there; the checkpoint does not say so, and a pad id inside a training batch is masked out
-    ids = np.random.default_rng(2).integers(2, FAMILY_CONFIGS[name]["vocab_size"], (2, 12))
+    # Ids 0 and 1 included: the pad rows of Gemma (pad_token_id 0) and OLMo 2 (1) get no gradient from the lookup in
+    # transformers (nn.Embedding(padding_idx)) and in both backends (spec pad_token_id)
+    ids = np.random.default_rng(2).integers(0, FAMILY_CONFIGS[name]["vocab_size"], (2, 12))
+    ids[0, 3], ids[1, 5] = 0, 1
     ref_loss, ref = hf_loss_and_grads(directory, ids, dtype="float32")
     # transformers 5 names GPT-NeoX's head module lm_head but saves (and the table names) the tensor embed_out
     ref = {HF_MODULE_NAMES.get(key, key) if name.startswith("neox") else key: g for key, g in ref.items()}

@@ -80,12 +80,10 @@ def test_check_grad_tp2_compares_sharded_gradients(default_dir):
 
 
 def test_check_expert_parallel_passes(hf_checkpoint):
-    """check --ep 2 (E = 6 experts, 3 per rank) and --tp 2 --ep 2 (4 processes / devices, with a shared expert):
-    sharded logits equal the unsharded ones and each other within the float32 table."""
-    for name, degrees, label in (
-        ("qwen3_moe_e6k4", ["--ep", "2"], "ep2"),
-        ("qwen2_moe_shared", ["--tp", "2", "--ep", "2"], "tp2ep2"),
-    ):
+    """check --ep 2 (E = 6 experts, 3 per rank): sharded logits equal the unsharded ones and each other within the
+    float32 table. TP 2 x EP 2 (4 processes / devices) is checked in each backend's own EP tests
+    (tests/*/test_expert_parallel.py); through the CLI it cost 20 s of CI for the same wiring as --ep alone."""
+    for name, degrees, label in (("qwen3_moe_e6k4", ["--ep", "2"], "ep2"),):
         result = cli("check", str(hf_checkpoint(name)), *degrees, "-q", "--seq-len", "9", "--batch", "2")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         verdict = result.stdout.strip().splitlines()[-1]

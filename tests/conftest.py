@@ -59,15 +59,16 @@ def _selects_only_gpu_tests(config: pytest.Config) -> bool:
 
 
 XLA_OPT_FLAG = "--xla_backend_optimization_level"
-_OWN_CACHE: list[str] = []  # the compilation cache directory this process made, removed when it ends
+OWN_CACHE = pytest.StashKey[str]()  # the compilation cache directory this process made, removed when it ends
 
 
-def _compile_faster() -> None:
+def _compile_faster(config: pytest.Config) -> None:
     """The two compile-time settings of the module docstring, as defaults (the controller sets them once; a
     worker finds them set)."""
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-        _OWN_CACHE.append(tempfile.mkdtemp(prefix="decoder-parity-xla-"))
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE[0]
+        config.stash[OWN_CACHE] = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(
+            prefix="decoder-parity-xla-"
+        )
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # small programs are the many
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     flags = os.environ.get("XLA_FLAGS", "")
@@ -78,12 +79,12 @@ def _compile_faster() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if not (_selects_only_gpu_tests(config) and _cuda_available()):
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        _compile_faster()  # a GPU run measures the default compiler's kernels: left as it is
+        _compile_faster(config)  # a GPU run measures the default compiler's kernels: left as it is
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for directory in _OWN_CACHE:
-        shutil.rmtree(directory, ignore_errors=True)
+    if OWN_CACHE in config.stash:
+        shutil.rmtree(config.stash[OWN_CACHE], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ import contextvars
 import json
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -178,12 +179,22 @@ def runtime_params(
         groups = {k: [e for e in v if e.expert is None or e.expert in experts] for k, v in groups.items()}
     total_bytes = sum(checkpoint.nbytes(e.name) for entries in groups.values() for e in entries)
     bar = Progress(total_bytes, f"loading {checkpoint.directory.name}", enabled=progress, unit="B")
-    for (module, role), entries in groups.items():
-        arrays = [_cast(_read(checkpoint, e, layout, allow), dtype) for e in entries]
-        array = _pack(entries, arrays)
-        bar.update(sum(checkpoint.nbytes(e.name) for e in entries))
-        yield module, role, entries[0].kind, array
-    bar.close()
+    views = {key: [shard_of(checkpoint.get(e.name), e, layout) for e in entries] for key, entries in groups.items()}
+    # The scans run ahead, in order, on one worker thread while the caller copies (numpy's reduction releases the
+    # GIL): on two cores the scan then hides behind the copy instead of adding a read pass to it. A broken tensor
+    # still raises before it is yielded, naming it; a consumer that stops early cancels the scans not yet started.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="nonfinite-scan")
+    try:
+        scans = [None if allow else pool.submit(_scan, checkpoint, group, views[key]) for key, group in groups.items()]
+        for ((module, role), entries), scan in zip(groups.items(), scans, strict=True):
+            if scan is not None:
+                scan.result()
+            array = _pack(entries, [_cast(a, dtype) for a in views[(module, role)]])
+            bar.update(sum(checkpoint.nbytes(e.name) for e in entries))
+            yield module, role, entries[0].kind, array
+        bar.close()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _pack(entries: list[ParamEntry], arrays: list[np.ndarray]) -> np.ndarray:
@@ -197,16 +208,10 @@ def _pack(entries: list[ParamEntry], arrays: list[np.ndarray]) -> np.ndarray:
     return np.stack([np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0] for parts in per_expert.values()])
 
 
-def _read(checkpoint: Checkpoint, entry: ParamEntry, layout: ShardLayout | None, allow_nonfinite: bool) -> np.ndarray:
-    """This rank's slice of one tensor (a view of the memory map), scanned for NaN/Inf unless allowed.
-
-    The scan is one read pass right before the loader copies the tensor, so the copy then finds the bytes in
-    cache (a scan-ahead on a worker thread measured slower on the shared 2-core machines this runs on).
-    """
-    array = shard_of(checkpoint.get(entry.name), entry, layout)
-    if not allow_nonfinite:
+def _scan(checkpoint: Checkpoint, entries: list[ParamEntry], arrays: list[np.ndarray]) -> None:
+    """NaN/Inf in any of one parameter's pieces (views of the memory map): a CheckpointError naming the tensor."""
+    for entry, array in zip(entries, arrays, strict=True):
         check_finite(array, entry.name, checkpoint.directory)
-    return array
 
 
 def _cast(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:

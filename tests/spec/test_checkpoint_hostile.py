@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -20,6 +21,7 @@ from spec import (
     allow_nonfinite_weights,
     param_table,
     random_weights,
+    runtime_groups,
     runtime_params,
     validate,
     validate_checkpoint,
@@ -177,6 +179,28 @@ def test_nonfinite_scan_covers_every_element_of_a_tensor_parallel_slice(tmp_path
     list(runtime_params(checkpoint, model_spec, layout=ShardLayout(model_spec, 2, 0)))  # rank 0: clean columns
     with pytest.raises(CheckpointError, match=name):
         list(runtime_params(checkpoint, model_spec, layout=ShardLayout(model_spec, 2, 1)))
+
+
+def test_scan_ahead_raises_at_the_broken_tensor_and_stops_with_its_consumer(tmp_path):
+    """The scans run ahead on a worker thread (spec/checkpoint.py): a broken tensor still raises only when the
+    loader reaches it (every parameter before it yielded), and a consumer that stops early leaves no thread."""
+    tensors = random_weights(SPEC)
+    name = "model.layers.1.self_attn.o_proj.weight"
+    tensors[name] = tensors[name].copy()
+    tensors[name][0, 0] = np.nan
+    directory = write_checkpoint(tmp_path / "c", SPEC, tensors)
+    order = list(runtime_groups(SPEC))
+    broken = order.index(("model.layers.1.self_attn.o_proj", "weight"))
+    yielded = []
+    with pytest.raises(CheckpointError, match=name):
+        for module, role, _, _ in runtime_params(Checkpoint(directory), SPEC):
+            yielded.append((module, role))
+    assert yielded == order[:broken]
+
+    stream = runtime_params(Checkpoint(directory), SPEC, allow_nonfinite=False)
+    assert next(stream)[:2] == order[0]
+    stream.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("nonfinite-scan")]
 
 
 def test_unreadable_and_missing_files(tmp_path):

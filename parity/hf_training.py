@@ -94,7 +94,8 @@ def hf_loss_and_grads(
 
 
 class HFTrainer:
-    """transformers' model and torch.optim.AdamW set up as torch_impl's (the same groups and settings)."""
+    """transformers' model and torch.optim.AdamW set up as torch_impl's (the same groups and settings, fused as
+    transformers' Trainer runs it by default with torch >= 2.8)."""
 
     def __init__(self, checkpoint: str | Path, config: AdamW, *, dtype: str):
         import torch
@@ -109,7 +110,7 @@ class HFTrainer:
         rest = [p for n, p in params if not decays(kinds[n])]
         groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": rest, "weight_decay": 0.0}]
         betas = (config.beta1, config.beta2)
-        self.optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps, foreach=False)
+        self.optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=betas, eps=config.eps, fused=True)
 
     def step(self, ids: np.ndarray, attention_mask=None) -> float:
         import torch

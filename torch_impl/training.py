@@ -136,14 +136,19 @@ def loss_and_grads(
 
 
 def make_optimizer(model: CausalLM, config: AdamW) -> torch.optim.AdamW:
-    """torch.optim.AdamW with two groups: 2-D weights decay, norms and biases do not (spec/training.py)."""
+    """torch.optim.AdamW with two groups: 2-D weights decay, norms and biases do not (spec/training.py).
+
+    `fused=True`: one kernel updates each parameter in place (the unfused loop allocates two temporaries the size
+    of every parameter per step, the embedding's included); it is transformers' Trainer default with torch >= 2.8
+    (`adamw_torch_fused`), and parity/hf_training.py's reference uses it too, so the two step the same arithmetic.
+    """
     kinds = {key: entries[0].kind for key, entries in runtime_groups(model.spec).items()}
     keys = _runtime_names(model)
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (decay if decays(kinds[keys[name]]) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, foreach=False)
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=True)
 
 
 def train_step(

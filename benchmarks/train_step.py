@@ -6,7 +6,7 @@ JAX's compilation), the ratio to transformers measured in the same run, and the 
 (ru_maxrss: weights, gradients, both Adam moments and the activations the backward keeps), against the
 floors of issue 14: step time <= 1.0x transformers', peak memory <= transformers' + 10%.
 
-    python benchmarks/train_step.py [--dtype float32|bfloat16] [--steps 3] [--tokens 256] [--json PATH]
+    python benchmarks/train_step.py [--dtype float32|bfloat16] [--steps 3] [--rounds 1] [--tokens 256] [--json PATH]
 """
 
 from __future__ import annotations
@@ -75,9 +75,7 @@ def measure(framework: str, path: Path, dtype: str, steps: int, tokens: int) -> 
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"{framework} failed:\n{result.stderr[-3000:]}")
-    out = json.loads(result.stdout.strip().splitlines()[-1])
-    out["median_step_s"] = statistics.median(out["step_s"])
-    return out
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -85,13 +83,28 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=1, help="processes per framework, the frameworks in turn")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     path = qwen3_0_6b_checkpoint(args.dtype)
     print(machine.line())
-    rows = {f: measure(f, path, args.dtype, args.steps, args.tokens) for f in FRAMEWORKS}
+    # Rounds take the frameworks in turn (hf, torch, jax, hf, ...): a drift of the shared machine's speed then
+    # hits all three alike instead of whichever ran during it. Medians over every timed step of every round.
+    runs = {f: [] for f in FRAMEWORKS}
+    for r in range(args.rounds):
+        for f in FRAMEWORKS:
+            runs[f].append(measure(f, path, args.dtype, args.steps, args.tokens))
+            print(f"  round {r + 1}: {f} steps " + " ".join(f"{t:.2f}" for t in runs[f][-1]["step_s"]), flush=True)
+    rows = {}
+    for f, per_round in runs.items():
+        steps = [t for run in per_round for t in run["step_s"]]
+        peak = max(run["peak_rss_gb"] for run in per_round)
+        rows[f] = {"step_s": steps, "median_step_s": statistics.median(steps), "peak_rss_gb": peak}
     hf = rows["hf"]
-    print(f"Qwen3-0.6B-shaped {args.dtype}, batch 1 x {args.tokens}, AdamW; medians of {args.steps} steps")
+    print(
+        f"Qwen3-0.6B-shaped {args.dtype}, batch 1 x {args.tokens}, AdamW (fused); "
+        f"medians of {args.rounds} x {args.steps} steps"
+    )
     print(f"{'framework':>12} {'step s':>8} {'vs hf':>6} {'peak RSS GB':>12} {'vs hf':>6}")
     for name, r in rows.items():
         ratio, mem = r["median_step_s"] / hf["median_step_s"], r["peak_rss_gb"] / hf["peak_rss_gb"]

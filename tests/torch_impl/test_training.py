@@ -38,3 +38,25 @@ def test_loss_keeps_no_second_float32_logits_copy():
     assert len(big) == 1 and big[0].dtype == torch.bfloat16  # the logits, in their own dtype
     loss.backward()
     assert logits.grad.dtype == torch.bfloat16
+
+
+def test_train_step_tied_table_gradient_is_autograds(tmp_path):
+    """train_step adds the looked-up rows' gradients into the tied head's gradient itself (torch_impl/training.py);
+    the result is autograd's gradient of the table (loss_and_grads), pad row and repeated ids included."""
+    import numpy as np
+
+    from spec.training import AdamW
+    from tests.backends import load
+    from tests.twins.padding_row import EMBED, IDS, PAD, write_pad_checkpoints
+    from torch_impl import training
+
+    model = load("torch", write_pad_checkpoints(tmp_path)["tied"])
+    _, grads = training.loss_and_grads(model, IDS)
+    config = AdamW(lr=1e-3, max_grad_norm=None)  # clipping would scale .grad in place
+    training.train_step(model, training.make_optimizer(model, config), config, IDS)
+    embed = model.model.embed_tokens
+    got = embed.weight.grad.numpy()
+    scale = np.abs(grads[EMBED]).max()
+    assert np.abs(got - grads[EMBED]).max() <= 1e-6 * scale  # float32: only the order of a few row sums differs
+    assert np.abs(got[PAD] - grads[EMBED][PAD]).max() <= 1e-6 * scale  # the head's use of the pad row alone
+    assert not embed._forward_hooks  # the lookup is back in the graph for the next caller

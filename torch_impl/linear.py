@@ -10,8 +10,9 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
   torch.compile's CPU backend emits). Both accumulate in float32 and compute x @ W^T + b up to summation
   order; which streams a weight faster depends on the processor (MKL's GEMV is slow on some AMD processors
   and the faster one on Intel: docs/benchmarks.md). So the first product of each (rows, in, out, dtype, bias)
-  times both paths (spec/path_choice.py) and the process keeps the faster. A decode-sized product (few rows)
-  is timed over enough distinct weights of its shape that they cannot all stay in cache, as a decode step
+  times both paths (spec/path_choice.py) and the process keeps the faster (above STREAM_ROWS rows, one choice
+  per power-of-two bucket of rows: `rows_key`). A decode-sized product (few rows) is timed over enough
+  distinct weights of its shape that they cannot all stay in cache, as a decode step
   streams its weights; a prefill-sized one, which is compute-bound, on the weight it was called with.
   A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps F.linear without measuring.
   `PATHS.forced("onednn")` or `linear(..., path=...)` pins a path (tests, comparisons).
@@ -121,6 +122,14 @@ def _candidates(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return {"f_linear": f_linear, "onednn": onednn}
 
 
+def rows_key(rows: int) -> int:
+    """The row count a choice is kept under: exact up to STREAM_ROWS (a few rows stream the weight, and each
+    count streams it differently), else the power of two at or above it. A compute-bound product's faster
+    library does not turn within a factor of two of rows, and a mixture-of-experts prefill calls one product per
+    distinct expert row count: measured exactly, that was ~100 choices for one prompt."""
+    return rows if rows <= STREAM_ROWS else 1 << (rows - 1).bit_length()
+
+
 def path_of(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> str:
     """The path `linear(x, weight, bias)` takes: forced, chosen before for its key, or measured now."""
     x2 = x.reshape(-1, x.shape[-1])
@@ -128,7 +137,8 @@ def path_of(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
         return "f_linear"
     if weight.numel() * weight.element_size() < MIN_CHOICE_BYTES and PATHS.forced_path() is None:
         return "f_linear"  # a weight that stays in cache: nothing to stream, nothing worth measuring
-    key = (x2.shape[0], weight.shape[1], weight.shape[0], str(x.dtype).removeprefix("torch."), bias is not None)
+    dtype = str(x.dtype).removeprefix("torch.")
+    key = (rows_key(x2.shape[0]), weight.shape[1], weight.shape[0], dtype, bias is not None)
     return PATHS.choose(key, lambda: _candidates(x2, weight, bias))
 
 

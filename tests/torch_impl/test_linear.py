@@ -86,6 +86,16 @@ def test_choice_is_measured_once_per_shape(fresh_choices):
         assert fresh_choices.chosen() == {key: choice}  # not measured again
         path_of(torch.randn(2, 256), w, b)  # another row count: its own measurement
         assert len(fresh_choices.chosen()) == 2
+        for rows in (65, 100, 128):  # compute-bound counts: one choice per power-of-two bucket
+            path_of(torch.randn(rows, 256), w, b)
+        assert len(fresh_choices.chosen()) == 3 and (128, 256, 320, "float32", True) in fresh_choices.chosen()
+
+
+def test_rows_key_is_exact_for_streaming_products_and_bucketed_above():
+    from torch_impl.linear import STREAM_ROWS, rows_key
+
+    assert [rows_key(r) for r in range(1, STREAM_ROWS + 1)] == list(range(1, STREAM_ROWS + 1))
+    assert [rows_key(r) for r in (STREAM_ROWS + 1, 16, 17, 100, 128, 129, 4096)] == [16, 16, 32, 128, 128, 256, 4096]
 
 
 @pytest.mark.parametrize("path", ["f_linear", "onednn"])

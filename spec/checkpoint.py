@@ -179,17 +179,16 @@ def runtime_params(
         groups = {k: [e for e in v if e.expert is None or e.expert in experts] for k, v in groups.items()}
     total_bytes = sum(checkpoint.nbytes(e.name) for entries in groups.values() for e in entries)
     bar = Progress(total_bytes, f"loading {checkpoint.directory.name}", enabled=progress, unit="B")
-    views = {key: [shard_of(checkpoint.get(e.name), e, layout) for e in entries] for key, entries in groups.items()}
     # The scans run ahead, in order, on one worker thread while the caller copies (numpy's reduction releases the
     # GIL): on two cores the scan then hides behind the copy instead of adding a read pass to it. A broken tensor
     # still raises before it is yielded, naming it; a consumer that stops early cancels the scans not yet started.
     pool = ThreadPoolExecutor(1, thread_name_prefix="nonfinite-scan")
     try:
-        scans = [None if allow else pool.submit(_scan, checkpoint, group, views[key]) for key, group in groups.items()]
+        scans = [None if allow else pool.submit(_scan, checkpoint, group, layout) for group in groups.values()]
         for ((module, role), entries), scan in zip(groups.items(), scans, strict=True):
             if scan is not None:
                 scan.result()
-            array = _pack(entries, [_cast(a, dtype) for a in views[(module, role)]])
+            array = _pack(entries, [_cast(a, dtype) for a in _pieces(checkpoint, entries, layout)])
             bar.update(sum(checkpoint.nbytes(e.name) for e in entries))
             yield module, role, entries[0].kind, array
         bar.close()
@@ -208,9 +207,15 @@ def _pack(entries: list[ParamEntry], arrays: list[np.ndarray]) -> np.ndarray:
     return np.stack([np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0] for parts in per_expert.values()])
 
 
-def _scan(checkpoint: Checkpoint, entries: list[ParamEntry], arrays: list[np.ndarray]) -> None:
-    """NaN/Inf in any of one parameter's pieces (views of the memory map): a CheckpointError naming the tensor."""
-    for entry, array in zip(entries, arrays, strict=True):
+def _pieces(checkpoint: Checkpoint, entries: list[ParamEntry], layout: ShardLayout | None) -> list[np.ndarray]:
+    """This rank's slice of each of one parameter's tensors: views of the memory map, nothing read yet (a padded
+    vocabulary shard is a copy, made where it is used: the scan and the loader each make and drop their own)."""
+    return [shard_of(checkpoint.get(e.name), e, layout) for e in entries]
+
+
+def _scan(checkpoint: Checkpoint, entries: list[ParamEntry], layout: ShardLayout | None) -> None:
+    """NaN/Inf in any of one parameter's pieces: a CheckpointError naming the tensor."""
+    for entry, array in zip(entries, _pieces(checkpoint, entries, layout), strict=True):
         check_finite(array, entry.name, checkpoint.directory)
 
 

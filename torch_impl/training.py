@@ -203,6 +203,8 @@ def _lookup_rows_added_to_head(model: CausalLM, input_ids: np.ndarray) -> Iterat
         yield
     finally:
         handle.remove()
+    if len(leaves) != 1 or leaves[0].grad is None:
+        raise AssertionError(f"the table's lookup ran {len(leaves)} times in one step, or took no gradient")
     ids = torch.as_tensor(np.asarray(input_ids), device=embed.weight.device).reshape(-1)  # [B * T]
     rows = leaves[0].grad.reshape(ids.shape[0], -1)  # [B * T, H]
     if embed.pad_token_id is not None:

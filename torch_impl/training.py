@@ -186,7 +186,8 @@ def _lookup_rows_added_to_head(model: CausalLM, input_ids: np.ndarray) -> Iterat
     rows) and the out-of-place sum of both uses (its input buffer adds a dense pair out of place). At the 0.6B
     shape each is 622 MB of freshly faulted memory per step. The lookup's output is cut from the graph here (a leaf
     that requires grad); backward leaves its gradient there, and the rows go into the table's .grad after it.
-    Only for a tied, unsharded table; `loss_and_grads` keeps autograd's own path.
+    Only for a tied, unsharded table; `loss_and_grads` keeps autograd's own path. jax_impl has no counterpart: XLA
+    plans the step's buffers itself, and its step was measured not to be bound by them (docs/benchmarks.md).
     """
     embed = model.model.embed_tokens
     if not model.spec.tie_word_embeddings or model.layout.tp > 1:
@@ -208,7 +209,7 @@ def _lookup_rows_added_to_head(model: CausalLM, input_ids: np.ndarray) -> Iterat
     ids = torch.as_tensor(np.asarray(input_ids), device=embed.weight.device).reshape(-1)  # [B * T]
     rows = leaves[0].grad.reshape(ids.shape[0], -1)  # [B * T, H]
     if embed.pad_token_id is not None:
-        keep = ids != embed.pad_token_id % embed.weight.shape[0]  # a negative id counts from the end
+        keep = ids != embed.pad_token_id  # in [0, V): spec.ModelSpec turned a negative config id into its row
         ids, rows = ids[keep], rows[keep]
     if embed.weight.grad is None:  # no loss through the head: the rows are the table's whole gradient
         embed.weight.grad = torch.zeros_like(embed.weight)

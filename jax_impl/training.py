@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 from jax_impl.model import CausalLM, attention_masks, default_positions
 from jax_impl.vocab_parallel import DATA, vocab_parallel_cross_entropy
 from spec import InputError, check_token_ids
-from spec.parallel import split_axis
+from spec.parallel import holders, replicated_block, split_axis
 from spec.params import LINEAR, runtime_groups
 from spec.training import IGNORE_INDEX, AdamW, check_labels, decays, gather_checkpoint_grads
 
@@ -98,11 +98,12 @@ def _runtime_key(path: tuple) -> tuple[str, str]:
     return ".".join(str(p) for p in path[:-1]), _FLAX_ROLE[path[-1]]
 
 
-def _checkpoint_layout(model: CausalLM, state: nnx.State) -> dict[str, np.ndarray]:
+def _checkpoint_layout(model: CausalLM, state: nnx.State, *, sum_replicas: bool = True) -> dict[str, np.ndarray]:
     """Param-shaped values (gradients or parameters) -> checkpoint names, float32 numpy, torch layout.
 
     A tensor-parallel model's arrays hold every rank's slice side by side along the split axis: cut into the
-    ranks' slices, they are put back together as spec.training.gather_checkpoint_grads does for torch ranks.
+    ranks' slices, they are put back together as spec.training.gather_checkpoint_grads does for torch ranks
+    (`sum_replicas`: replicated kv heads' gradients summed; False for parameters: one copy taken).
     """
     groups, tp = runtime_groups(model.spec), model.layout.tp
     per_rank: list[dict] = [{} for _ in range(tp)]
@@ -117,7 +118,18 @@ def _checkpoint_layout(model: CausalLM, state: nnx.State) -> dict[str, np.ndarra
         slices = [array] * tp if axis is None else np.split(array, tp, axis=axis)
         for rank in range(tp):
             per_rank[rank][key] = slices[rank]
-    return gather_checkpoint_grads(model.spec, per_rank)
+    return gather_checkpoint_grads(model.spec, per_rank, sum_replicas=sum_replicas)
+
+
+def _on_mesh(model: CausalLM, fn, *batch: np.ndarray):
+    """fn(*batch): plainly on one device, or under the mesh the parameters live on with the batch's rows over its
+    "data" axis."""
+    if model.layout.tp == 1 and model.ep == 1:
+        return fn(*batch)
+    mesh = model.model.embed_tokens.weight[...].sharding.mesh
+    rows = NamedSharding(mesh, P(DATA, None))
+    with jax.set_mesh(mesh):
+        return fn(*[jax.device_put(a, rows) for a in batch])
 
 
 def loss_and_grads(
@@ -129,26 +141,59 @@ def loss_and_grads(
     """(loss, gradients keyed by checkpoint tensor name, float32 numpy in the checkpoint's [out, in] layout)."""
     ids, key_valid, counted = _batch(model, input_ids, labels, attention_mask)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    if model.layout.tp == 1 and model.ep == 1:
-        value, grads = _value_and_grad(graphdef, params, rest, ids, key_valid, counted)
-    else:  # under the mesh the parameters live on; the batch's rows over its "data" axis
-        mesh = model.model.embed_tokens.weight[...].sharding.mesh
-        rows = NamedSharding(mesh, P(DATA, None))
-        with jax.set_mesh(mesh):
-            batch = [jax.device_put(a, rows) for a in (ids, key_valid, counted)]
-            value, grads = _value_and_grad(graphdef, params, rest, *batch)
+    value, grads = _on_mesh(model, partial(_value_and_grad, graphdef, params, rest), ids, key_valid, counted)
     return float(value), _checkpoint_layout(model, grads)
 
 
-def torch_like_clip(max_norm: float) -> optax.GradientTransformation:
-    """Global-norm clipping as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when < 1."""
+def torch_like_clip(max_norm: float, copies=None) -> optax.GradientTransformation:
+    """Global-norm clipping as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when < 1.
+
+    `copies(params)`: a tree like the parameters of how many times each element is stored (a tensor-parallel
+    model's replicated kv heads, once per holding rank), so each element's square counts once; None: once each.
+    """
 
     def update(updates, state, params=None):
-        norm = optax.tree.norm(updates)
+        norm = optax.tree.norm(updates) if copies is None else global_norm(updates, copies(params))
         scale = jnp.minimum(max_norm / (norm + 1e-6), 1.0)
         return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def global_norm(grads, copies) -> jax.Array:
+    """The norm of a gradient tree whose elements are stored `copies` times each (a tree of the same structure)."""
+    squares = jax.tree.map(lambda g, c: jnp.sum(jnp.square(g.astype(jnp.float32))) / c, grads, copies)
+    return jnp.sqrt(sum(jax.tree.leaves(squares)))
+
+
+def stored_copies(model: CausalLM):
+    """params -> a tree like them of how many times the global model stores each element: tp / n_kv for a
+    replicated kv head (once per holding rank, spec/parallel.py `holders`), 1 for everything else."""
+    groups, tp = runtime_groups(model.spec), model.layout.tp
+
+    def copies(params: nnx.State) -> nnx.State:
+        entries = [(path, groups[_runtime_key(path)][0]) for path, _ in nnx.to_flat_state(params)]
+        return nnx.from_flat_state([(path, holders(e, tp) if replicated_block(e, tp) else 1) for path, e in entries])
+
+    return copies
+
+
+def _sum_replicated_blocks(model: CausalLM, grads: nnx.State) -> nnx.State:
+    """Replicated kv heads (tp > num_key_value_heads) are stored once per rank side by side; each copy's gradient
+    comes from its rank's query heads only. Every copy takes the sum over the copies of its head, so they step
+    alike and stay equal (torch_impl/training.py does the same with one all-reduce)."""
+    tp = model.layout.tp
+    if tp == 1:
+        return grads
+    groups, flat = runtime_groups(model.spec), []
+    for path, g in nnx.to_flat_state(grads):
+        entry = groups[_runtime_key(path)][0]
+        if replicated_block(entry, tp):  # split axis last in Flax layout: [..., n_kv * copies * d]
+            value = g[...]
+            blocks = value.reshape(*value.shape[:-1], entry.units, holders(entry, tp), -1)  # [..., n_kv, copies, d]
+            g = g.replace(jnp.broadcast_to(blocks.sum(axis=-2, keepdims=True), blocks.shape).reshape(value.shape))
+        flat.append((path, g))
+    return nnx.from_flat_state(flat)
 
 
 def make_optimizer(model: CausalLM, config: AdamW) -> nnx.Optimizer:
@@ -160,7 +205,8 @@ def make_optimizer(model: CausalLM, config: AdamW) -> nnx.Optimizer:
         flat = nnx.to_flat_state(params)
         return nnx.from_flat_state([(path, decays(kinds[_runtime_key(path)])) for path, _ in flat])
 
-    chain = [] if config.max_grad_norm is None else [torch_like_clip(config.max_grad_norm)]
+    copies = stored_copies(model) if model.layout.tp > 1 else None
+    chain = [] if config.max_grad_norm is None else [torch_like_clip(config.max_grad_norm, copies)]
     chain.append(
         optax.adamw(
             config.lr, config.beta1, config.beta2, config.eps, weight_decay=config.weight_decay, mask=decay_mask
@@ -174,10 +220,10 @@ def _step(model: CausalLM, optimizer: nnx.Optimizer, ids, key_valid, labels):
     def loss_fn(model: CausalLM) -> jax.Array:
         t = ids.shape[1]
         logits, _ = model.logits(ids, default_positions(key_valid, 0, t), attention_masks(model.spec, key_valid, 0, t))
-        return cross_entropy(logits, labels)
+        return cross_entropy(logits, labels, model.layout.tp)
 
     value, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
+    optimizer.update(model, _sum_replicated_blocks(model, grads))
     return value
 
 
@@ -193,15 +239,15 @@ def train_step(
 
     `config` is the one the optimizer was made from (the same signature as torch_impl.train_step).
     """
-    if model.layout.tp > 1 or model.ep > 1:
-        raise InputError("train_step on a tensor- or expert-parallel model is not supported yet (loss_and_grads is)")
+    if model.ep > 1:
+        raise InputError("train_step on an expert-parallel model is not supported yet (loss_and_grads is)")
     ids, key_valid, counted = _batch(model, input_ids, labels, attention_mask)
-    return float(_step(model, optimizer, ids, key_valid, counted))
+    return float(_on_mesh(model, partial(_step, model, optimizer), ids, key_valid, counted))
 
 
 def parameters(model: CausalLM) -> dict[str, np.ndarray]:
     """Every parameter by checkpoint tensor name, float32 numpy, [out, in] (what training steps compare)."""
-    return _checkpoint_layout(model, nnx.state(model, nnx.Param))
+    return _checkpoint_layout(model, nnx.state(model, nnx.Param), sum_replicas=False)
 
 
 __all__ = ["cross_entropy", "loss_and_grads", "make_optimizer", "parameters", "torch_like_clip", "train_step"]

@@ -158,12 +158,32 @@ def shard_of(array: np.ndarray, entry: ParamEntry, layout: ShardLayout | None) -
     return array[tuple(index)]
 
 
-def gather_shards(shards: list[np.ndarray], entry: ParamEntry) -> np.ndarray:
+def holders(entry: ParamEntry, tp: int) -> int:
+    """How many of `tp` ranks hold each element of `entry`'s tensor: all of them for a replicated tensor (norms),
+    tp // units for a replicated kv-head block, 1 where the tensor is split. A global gradient norm over the
+    ranks' tensors counts each element's square once by dividing it by this."""
+    axis = split_axis(entry)
+    if tp == 1:
+        return 1
+    if axis is None:
+        return tp
+    if entry.placement != VOCAB and entry.units % tp:
+        return tp // entry.units
+    return 1
+
+
+def replicated_block(entry: ParamEntry, tp: int) -> bool:
+    """Whether `entry` is split into blocks that several ranks hold alike (kv heads when tp > their count)."""
+    return split_axis(entry) is not None and holders(entry, tp) > 1
+
+
+def gather_shards(shards: list[np.ndarray], entry: ParamEntry, *, sum_replicas: bool = True) -> np.ndarray:
     """Every rank's slice of one checkpoint tensor (rank order) -> the whole tensor: the inverse of `shard_of`.
 
-    For gradients: a block that several ranks hold (a replicated kv head) receives the SUM of their slices,
-    since each replica's gradient comes from its own query heads; replicated tensors (norms) are the same
-    on every rank and are taken from rank 0; the vocabulary padding is dropped.
+    A block that several ranks hold (a replicated kv head): for gradients (`sum_replicas`) it receives the SUM of
+    their slices, since each replica's gradient comes from its own query heads; for parameters (which the
+    replicas hold alike) the first holder's copy. Replicated tensors (norms) are the same on every rank and are
+    taken from rank 0; the vocabulary padding is dropped.
     """
     tp, axis = len(shards), split_axis(entry)
     if axis is None or tp == 1:
@@ -178,8 +198,21 @@ def gather_shards(shards: list[np.ndarray], entry: ParamEntry) -> np.ndarray:
         taken = blocks(entry.units, tp, rank)
         index = [slice(None)] * whole.ndim
         index[axis] = slice(taken.start * width, taken.stop * width)
-        whole[tuple(index)] += shard
+        if sum_replicas:
+            whole[tuple(index)] += shard
+        elif rank == tp * taken.start // entry.units:  # the first rank holding this block
+            whole[tuple(index)] = shard
     return whole
 
 
-__all__ = ["ShardLayout", "blocks", "check_tp_degree", "gather_shards", "padded_vocab", "shard_of", "split_axis"]
+__all__ = [
+    "ShardLayout",
+    "blocks",
+    "check_tp_degree",
+    "gather_shards",
+    "holders",
+    "padded_vocab",
+    "replicated_block",
+    "shard_of",
+    "split_axis",
+]

@@ -129,10 +129,11 @@ def checkpoint_grads(spec: ModelSpec, runtime: dict[tuple[str, str], np.ndarray]
 
 
 def gather_checkpoint_grads(
-    spec: ModelSpec, per_rank: list[dict[tuple[str, str], np.ndarray]]
+    spec: ModelSpec, per_rank: list[dict[tuple[str, str], np.ndarray]], *, sum_replicas: bool = True
 ) -> dict[str, np.ndarray]:
     """`checkpoint_grads` of a tensor-parallel model: each rank's runtime gradients (its slices, torch layout,
-    rank order) -> whole checkpoint tensors (spec/parallel.py's gather_shards: replicated kv heads summed)."""
+    rank order) -> whole checkpoint tensors (spec/parallel.py's gather_shards: replicated kv heads summed).
+    `sum_replicas=False` puts together parameters instead: a replicated kv head is taken from one holder."""
     tp, grads = len(per_rank), {}
     for key, entries in runtime_groups(spec).items():
         pieces: dict[str, list[np.ndarray]] = {e.name: [] for e in entries}
@@ -146,7 +147,7 @@ def gather_checkpoint_grads(
                 pieces[entry.name].append(block[start : start + rows])
                 start += rows
         for entry in entries:
-            grads[entry.name] = gather_shards(pieces[entry.name], entry)
+            grads[entry.name] = gather_shards(pieces[entry.name], entry, sum_replicas=sum_replicas)
     return grads
 
 

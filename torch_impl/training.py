@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from spec import InputError
+from spec.parallel import holders, replicated_block
 from spec.params import runtime_groups
 from spec.training import IGNORE_INDEX, AdamW, check_labels, checkpoint_grads, decays, gather_checkpoint_grads
 from torch_impl.model import CausalLM
@@ -164,17 +165,71 @@ def train_step(
 ) -> float:
     """One step: loss, backward, global-norm clipping (torch's clip_grad_norm_), AdamW. Returns the loss."""
     params = _trainable(model)
-    if model.layout.tp > 1:
-        raise InputError("train_step on a tensor-parallel model is not supported yet (loss_and_grads is)")
     model.requires_grad_(True)
     optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad(), _lookup_rows_added_to_head(model, input_ids):
         value = loss(model, input_ids, labels, attention_mask)
         value.backward()
-    if config.max_grad_norm is not None:
+    if model.layout.tp > 1:
+        _sum_replicated_blocks(model)
+    if config.max_grad_norm is not None and model.layout.tp > 1:
+        _clip_over_ranks(model, config.max_grad_norm)
+    elif config.max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=False)
     optimizer.step()
     return float(value.detach())
+
+
+def _entries(model: CausalLM) -> list[tuple[torch.nn.Parameter, list]]:
+    """Every parameter with its checkpoint entries (the partition table's rows it packs)."""
+    groups, keys = runtime_groups(model.spec), _runtime_names(model)
+    return [(p, groups[keys[name]]) for name, p in model.named_parameters()]
+
+
+def _sum_replicated_blocks(model: CausalLM) -> None:
+    """Replicated kv heads (tp > num_key_value_heads): each holder's gradient comes from its own query heads
+    only, so the block's gradient is the sum over its holders, and every holder steps with that sum (the
+    replicas stay equal). One all-reduce of a [n_kv, size] buffer in which each rank fills its own block's row.
+    Every other tensor's gradient is already whole on each rank (tensor_parallel.py's autograd-aware
+    collectives; per-head q/k norms: layernorm.py)."""
+    tp, rank = model.layout.tp, model.layout.rank
+    found = [(p, e[0]) for p, e in _entries(model) if p.grad is not None and replicated_block(e[0], tp)]
+    if not found:
+        return
+    units = {entry.units for _, entry in found}
+    if len(units) != 1:
+        raise AssertionError(f"replicated blocks of different counts {sorted(units)}: expected the kv heads only")
+    n_blocks = units.pop()
+    size = sum(p.grad.numel() for p, _ in found)
+    buffer = torch.zeros(n_blocks, size, dtype=torch.float32, device=found[0][0].grad.device)  # [n_kv, size]
+    block, offset = rank * n_blocks // tp, 0
+    for p, _ in found:
+        buffer[block, offset : offset + p.grad.numel()] = p.grad.reshape(-1)
+        offset += p.grad.numel()
+    dist.all_reduce(buffer, group=model.group)
+    offset = 0
+    for p, _ in found:
+        p.grad.copy_(buffer[block, offset : offset + p.grad.numel()].view_as(p.grad))
+        offset += p.grad.numel()
+
+
+def _clip_over_ranks(model: CausalLM, max_norm: float) -> torch.Tensor:
+    """torch's clip_grad_norm_ over the whole model's gradient, which the ranks hold in slices: the squared norm is
+    the all-reduced sum of every rank's squares, each divided by how many ranks hold that element (spec/parallel.py
+    `holders`: norms on all of them, a replicated kv head on tp / n_kv), so each element counts once. Returns the
+    norm, as clip_grad_norm_ does."""
+    tp = model.layout.tp
+    squares = torch.zeros((), dtype=torch.float64)
+    grads = []
+    for p, entries in _entries(model):
+        if p.grad is not None:
+            grads.append(p.grad)
+            squares += p.grad.double().square().sum().cpu() / holders(entries[0], tp)
+    dist.all_reduce(squares, group=model.group)
+    coef = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype))
+    return squares.sqrt()
 
 
 @contextlib.contextmanager
@@ -217,10 +272,17 @@ def _lookup_rows_added_to_head(model: CausalLM, input_ids: np.ndarray) -> Iterat
 
 
 def parameters(model: CausalLM) -> dict[str, np.ndarray]:
-    """Every parameter by checkpoint tensor name, float32 numpy, [out, in] (what training steps compare)."""
+    """Every parameter by checkpoint tensor name, float32 numpy, [out, in] (what training steps compare).
+
+    Tensor-parallel: every rank's slices put together (a collective: call it on every rank); a replicated kv head
+    is taken from one holder."""
     keys = _runtime_names(model)
     runtime = {keys[name]: p.detach().float().cpu().numpy().copy() for name, p in model.named_parameters()}  # not views
-    return checkpoint_grads(model.spec, runtime)
+    if model.layout.tp == 1:
+        return checkpoint_grads(model.spec, runtime)
+    per_rank: list = [None] * model.layout.tp
+    dist.all_gather_object(per_rank, runtime, group=model.group)
+    return gather_checkpoint_grads(model.spec, per_rank, sum_replicas=False)
 
 
 __all__ = [

@@ -13,8 +13,10 @@ import pytest
 
 import spec
 from spec import ConfigError
+from tests.specs import QWEN2_SINGLE_KV
 
 SCRIPT = Path(__file__).with_name("tp_script.py")
+TRAIN_SCRIPT = Path(__file__).with_name("tp_train_script.py")
 FP32_REL = 1e-5  # float32 tolerance of the decoder; sharding only reorders the all-reduced sums
 GRAD_REL = 1e-5 * 3**0.5  # the float32 gradient table at L = 2 (parity/tolerances.py: GRAD_TOLERANCES)
 
@@ -30,13 +32,17 @@ def qwen2_untied(tmp_path_factory):
     return spec.write_checkpoint(directory, qwen2, spec.random_weights(qwen2, seed=5))
 
 
-def run_tp(directory: Path, devices: int, tp: int, dp: int) -> dict:
+def _run(script: Path, *args) -> dict:
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(directory), str(devices), str(tp), str(dp)],
+        [sys.executable, str(script), *map(str, args)],
         capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_tp(directory: Path, devices: int, tp: int, dp: int) -> dict:
+    return _run(SCRIPT, directory, devices, tp, dp)
 
 
 @pytest.mark.parametrize(("devices", "tp", "dp"), [(2, 2, 1), (4, 4, 1), (4, 2, 2)])
@@ -60,6 +66,26 @@ def test_untied_bias_checkpoint_sharded(qwen2_untied):
     out = run_tp(qwen2_untied, 4, 4, 1)
     assert out["rel_err"] <= FP32_REL and out["greedy_identical"] is True, out["greedy_identical"]
     assert not out["tied_no_head"] and out["vocab_all_gathers"] == []
+
+
+def test_sharded_train_steps_match_unsharded(default_dir, tmp_path):
+    """train_step on a mesh: the replicated kv heads' gradient summed over their copies, the clipping norm with
+    each element once, AdamW beside every shard; after the steps the parameters agree with the unsharded model's
+    within the step table, the replicas stay identical, nothing moved, and the compiled step gathers no logits.
+    The default checkpoint at tp 4 (2 kv heads, each on 2 devices) and a single-kv-head Qwen2 at tp 2."""
+    qwen2 = spec.write_checkpoint(tmp_path, QWEN2_SINGLE_KV, spec.random_weights(QWEN2_SINGLE_KV, 1))
+    for directory, tp in ((default_dir, 4), (qwen2, 2)):
+        out = _run(TRAIN_SCRIPT, directory, tp)
+        assert abs(out["norm"] - out["ref_norm"]) <= 1e-6 * out["ref_norm"], (tp, out["norm"], out["ref_norm"])
+        assert out["ref_norm"] > 0.5  # the steps clip (max_grad_norm 0.5)
+        steps = out["steps"]
+        assert steps["test_losses"] == pytest.approx(steps["ref_losses"], rel=1e-6)
+        assert steps["passed"] and steps["compared"] > 20, steps
+        assert out["linear_step"]["passed"], out["linear_step"]
+        assert out["replicas_equal"] and all(out["replicas_equal"]), out["replicas_equal"]
+        assert out["placement_moved"] == [], out["placement_moved"]
+        assert "P(None, 'model')" in out["moment_specs"]  # Adam's moments sharded like the kernels, never whole
+        assert out["step_vocab_all_gathers"] == [], out["step_vocab_all_gathers"]
 
 
 @pytest.mark.parametrize(

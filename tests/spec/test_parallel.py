@@ -15,7 +15,16 @@ import pytest
 
 import spec
 from spec import ConfigError
-from spec.parallel import ShardLayout, blocks, check_tp_degree, gather_shards, shard_of, split_axis
+from spec.parallel import (
+    ShardLayout,
+    blocks,
+    check_tp_degree,
+    gather_shards,
+    holders,
+    replicated_block,
+    shard_of,
+    split_axis,
+)
 from spec.params import COLUMN, REPLICATED, ROW, VOCAB
 from tests.specs import QWEN2_SINGLE_KV
 
@@ -157,3 +166,9 @@ def test_gather_shards_inverts_shard_of(tp, qwen2_dir):
         split = split_axis(entry) is not None and entry.placement != VOCAB and entry.units % tp != 0
         replicas = tp // entry.units if split else 1  # ranks holding each replicated block
         np.testing.assert_allclose(whole, full * replicas, rtol=1e-6, err_msg=f"{entry.name} tp={tp}")
+        assert replicated_block(entry, tp) == split
+        expected = {COLUMN: 1, ROW: 1, VOCAB: 1, REPLICATED: tp}[entry.placement] * replicas
+        assert holders(entry, tp) == (1 if tp == 1 else expected), (entry.name, tp)
+        # Parameters: one holder's copy, whatever the other replicas hold.
+        noisy = [shard + 1000.0 * (r % (tp // entry.units)) if split else shard for r, shard in enumerate(shards)]
+        np.testing.assert_array_equal(gather_shards(noisy, entry, sum_replicas=False), full, err_msg=entry.name)

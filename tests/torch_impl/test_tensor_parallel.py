@@ -261,3 +261,73 @@ def test_sharded_loss_and_gradients_match_unsharded(tp, which, default_dir, qwen
         assert set(out["grads"]) == set(ref)
         for name in ref:
             assert _rel(out["grads"][name], ref[name]) <= 1e-5 * np.sqrt(3), (path, tp, name)
+
+
+STEPS = 3
+
+
+def _train_checks(path: str, batches: list[np.ndarray], config) -> dict:
+    """On every rank: the clipping norm of one backward, then `STEPS` AdamW steps, the parameters put together,
+    and every rank's copy of the tensors several ranks hold (norms, replicated kv heads), which must stay equal."""
+    from torch_impl import training
+
+    model = torch_impl.from_pretrained(path, group=dist.group.WORLD)
+    model.requires_grad_(True)
+    training.loss(model, batches[0], attention_mask=MASK).backward()
+    training._sum_replicated_blocks(model)
+    norm = float(training._clip_over_ranks(model, 1e9))  # coefficient 1: the norm alone
+    model.zero_grad(set_to_none=True)
+    optimizer = training.make_optimizer(model, config)
+    losses = [training.train_step(model, optimizer, config, ids, attention_mask=MASK) for ids in batches]
+    held = ("k_proj", "v_proj", "norm")  # kv heads (replicated at this degree), norms (whole on every rank)
+    copies = {name: p.detach().numpy().copy() for name, p in model.named_parameters() if any(h in name for h in held)}
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, copies)
+    return {"norm": norm, "losses": losses, "after": training.parameters(model), "copies": every}
+
+
+@pytest.mark.parametrize(("tp", "which"), [(4, "default"), (2, "qwen2")])  # both replicate kv heads
+def test_sharded_train_steps_match_unsharded(tp, which, default_dir, qwen2_dir):
+    """train_step on a tensor-parallel model: the replicated kv heads' gradient summed over their holders, the
+    clipping norm over every rank's slices with each element once, AdamW per shard; the parameters after
+    `STEPS` steps agree with the unsharded model's within the step table, and the replicas stay identical."""
+    from parity.gradients import compare_steps
+    from spec.training import AdamW
+    from torch_impl import training
+
+    path = str(default_dir if which == "default" else qwen2_dir)
+    rng = np.random.default_rng(1)
+    vocab = ModelSpec.from_pretrained(path).vocab_size
+    batches = [IDS] + [rng.integers(0, vocab, IDS.shape) for _ in range(STEPS - 1)]
+    config = AdamW(lr=1e-3, max_grad_norm=0.5)
+    out = run_tp(_train_checks, tp, path, batches, config)
+
+    ref = torch_impl.from_pretrained(path)
+    ref.requires_grad_(True)
+    training.loss(ref, IDS, attention_mask=MASK).backward()
+    ref_norm = float(torch.nn.utils.clip_grad_norm_(list(ref.parameters()), 1e9))
+    assert abs(out["norm"] - ref_norm) <= 1e-6 * ref_norm, (out["norm"], ref_norm)
+    assert ref_norm > config.max_grad_norm  # the steps below clip
+    ref.zero_grad(set_to_none=True)
+    before = training.parameters(ref)
+    optimizer = training.make_optimizer(ref, config)
+    ref_losses = [training.train_step(ref, optimizer, config, ids, attention_mask=MASK) for ids in batches]
+    after = training.parameters(ref)
+
+    np.testing.assert_allclose(out["losses"], ref_losses, rtol=1e-6)
+    assert set(out["after"]) == set(after)
+    model_spec = ModelSpec.from_pretrained(path)
+    sharded, unsharded = (out["losses"], None, out["after"]), (ref_losses, None, after)
+    steps = compare_steps(sharded, unsharded, before, (f"torch/tp{tp}", "torch"), "float32", model_spec)
+    assert steps.passed and len(steps.update_rms_rel) > 20, steps.to_dict()  # the step table, key bias left out
+    n_kv = model_spec.num_key_value_heads
+    assert n_kv < tp  # each kv head on tp / n_kv ranks
+    holders: dict[tuple[str, int], list[np.ndarray]] = {}
+    for rank, copies in enumerate(out["copies"]):
+        for name, value in copies.items():
+            block = rank * n_kv // tp if ("k_proj" in name or "v_proj" in name) else 0
+            holders.setdefault((name, block), []).append(value)
+    for (name, block), values in holders.items():
+        assert len(values) > 1
+        for value in values[1:]:
+            assert np.array_equal(value, values[0]), (name, block)

@@ -90,8 +90,6 @@ def check(
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise InputError(f"steps must be a non-negative integer, got {steps!r}")
-    if steps and tp > 1:
-        raise InputError("--steps with --tp is not supported yet (--grad --tp is: the vocabulary-parallel loss)")
     check_stream_options(stream, tp, grad or bool(steps))
     request = validate_request(
         checkpoint, dtype, kernels, reference, ids, prompt, seq_len, batch, seed, baseline, tp, routing, ep

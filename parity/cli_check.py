@@ -88,7 +88,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int_option(0, 10_000),
         default=0,
         metavar="N",
-        help="with --grad: also run N AdamW steps in each framework and compare the parameters (implies --grad)",
+        help="with --grad: also run N AdamW steps in each framework (and tensor-parallel with --tp) and compare the "
+        "parameters (implies --grad)",
     )
     p.add_argument(
         "--stream",

@@ -219,6 +219,22 @@ def _tensor_parallel(r, runs: dict, say: Callable[[str], None]) -> list[Comparis
     ]
 
 
+def _tensor_parallel_steps(r, batches, config: AdamW, trained: dict, before, say) -> list[StepResult]:
+    """Both backends' AdamW steps on tp devices, against each other and against their own unsharded steps."""
+    from parity.tensor_parallel import jax_tp_steps, torch_tp_steps
+
+    say(f"torch {r.dtype}: {len(batches)} AdamW steps tensor-parallel over {r.tp} gloo processes")
+    sharded = {"torch": torch_tp_steps(r.directory, batches, config, r.tp, r.dtype)}
+    say(f"jax {r.dtype}: {len(batches)} AdamW steps tensor-parallel over a {r.tp}-device mesh")
+    sharded["jax"] = jax_tp_steps(r.directory, batches, config, r.tp, r.dtype)
+    torch_tp, jax_tp = f"torch/tp{r.tp}", f"jax/tp{r.tp}"
+    return [
+        compare_steps(sharded["torch"], sharded["jax"], before, (torch_tp, jax_tp), r.dtype, r.spec),
+        compare_steps(sharded["torch"], trained["torch"], before, (torch_tp, "torch"), r.dtype, r.spec),
+        compare_steps(sharded["jax"], trained["jax"], before, (jax_tp, "jax"), r.dtype, r.spec),
+    ]
+
+
 def grad_report(request, steps: int, config: AdamW | None, say: Callable[[str], None]) -> GradReport:
     """The gradient check of a validated request (parity/api.py)."""
     r, spec = request, request.spec
@@ -248,6 +264,8 @@ def grad_report(request, steps: int, config: AdamW | None, say: Callable[[str], 
             for backend in ("torch", "jax"):
                 labels = (backend, "hf")
                 step_results.append(compare_steps(trained[backend], trained["hf"], before, labels, r.dtype, r.spec))
+        if r.tp > 1:
+            step_results += _tensor_parallel_steps(r, batches, config, trained, before, say)
     return GradReport(
         checkpoint=str(r.directory),
         model=spec.to_dict(),

@@ -4,12 +4,12 @@ Companion of torch_impl/tensor_parallel.py and what a CLI calls (`decoder-parity
 `generate --tp N`): `run_tp` spawns `tp` processes (`tp * ep` with expert parallelism: ranks laid out
 ep_rank * tp + tp_rank, torch_impl/expert_parallel.py) with torch.multiprocessing, joins them in one gloo (CPU)
 or nccl (one GPU per rank) group and returns rank 0's result, re-raising a rank's exception with its own
-type; `launch_logits` and `launch_generate` take a checkpoint path, validate the request in the caller
-before any process starts, then load a shard per rank with the ordinary `from_pretrained(..., group=...)`
-and call the ordinary forward / `generate`; `launched_groups()` gives a worker its (tp, ep) groups. JAX needs
-no launcher: one process drives every device. Under torchrun, call `from_pretrained(path,
-group=dist.group.WORLD)` (with expert parallelism: `group=..., ep_group=...` from
-`expert_parallel.parallel_groups(tp, ep)`) and `generate` in each process instead.
+type; `launch_logits`, `launch_generate`, `launch_grads` and `launch_steps` take a checkpoint path, validate the
+request in the caller before any process starts, then load a shard per rank with the ordinary
+`from_pretrained(..., group=...)` and call the ordinary forward / `generate` / training; `launched_groups()`
+gives a worker its (tp, ep) groups. JAX needs no launcher: one process drives every device. Under torchrun,
+call `from_pretrained(path, group=dist.group.WORLD)` (with expert parallelism: `group=..., ep_group=...` from
+`expert_parallel.parallel_groups(tp, ep)`) and `generate` / `train_step` in each process instead.
 """
 
 from __future__ import annotations
@@ -33,12 +33,21 @@ from spec import ConfigError, DecoderParityError, ModelSpec, check_token_ids
 from spec.checkpoint import allow_nonfinite_weights, nonfinite_weights_allowed
 from spec.generation import Generation, prepare_prompts
 from spec.parallel import check_ep_degree, check_tp_degree
+from spec.training import AdamW
 from torch_impl.expert_parallel import parallel_groups
 from torch_impl.generate import generate
 from torch_impl.loader import from_pretrained
 from torch_impl.vocab_parallel import gather_logits
 
-__all__ = ["launch_generate", "launch_grads", "launch_logits", "launched_groups", "run_tp", "tp_device"]
+__all__ = [
+    "launch_generate",
+    "launch_grads",
+    "launch_logits",
+    "launch_steps",
+    "launched_groups",
+    "run_tp",
+    "tp_device",
+]
 
 _GROUPS: tuple[dist.ProcessGroup | None, dist.ProcessGroup | None] = (None, None)  # this worker's (tp, ep) groups
 
@@ -228,6 +237,34 @@ def launch_grads(
     check_tp_degree(spec, tp)
     ids = check_token_ids(input_ids, spec)
     return run_tp(_grads_worker, tp, str(path), ids, attention_mask, dtype, kernels, backend=backend)
+
+
+def launch_steps(
+    path: str | Path,
+    batches: list[np.ndarray],
+    config: AdamW,
+    tp: int,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    kernels: str = "reference",
+    backend: str = "gloo",
+) -> tuple[list[float], dict[str, np.ndarray]]:
+    """AdamW steps (torch_impl.training.train_step, one per batch) of a `tp`-way sharded model: (each step's loss,
+    every parameter afterwards by checkpoint name, put together from the ranks' slices)."""
+    spec = ModelSpec.from_pretrained(path)
+    check_tp_degree(spec, tp)
+    batches = [check_token_ids(ids, spec) for ids in batches]
+    return run_tp(_steps_worker, tp, str(path), batches, config, dtype, kernels, backend=backend)
+
+
+def _steps_worker(path: str, batches: list[np.ndarray], config: AdamW, dtype: Any, kernels: str) -> Any:
+    from torch_impl import training
+
+    model = from_pretrained(path, dtype, device=tp_device(), kernels=kernels, group=dist.group.WORLD)
+    optimizer = training.make_optimizer(model, config)
+    losses = [training.train_step(model, optimizer, config, ids) for ids in batches]
+    after = training.parameters(model)  # a collective: every rank takes part
+    return (losses, after) if dist.get_rank() == 0 else None
 
 
 def _grads_worker(path: str, ids: np.ndarray, mask: np.ndarray | None, dtype: Any, kernels: str) -> Any:

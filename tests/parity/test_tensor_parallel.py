@@ -79,6 +79,16 @@ def test_check_grad_tp2_compares_sharded_gradients(default_dir):
     assert "jax/tp2 vs jax on 25 gradients" in verdict and "torch/tp2 vs torch on 25 gradients" in verdict
 
 
+def test_check_steps_tp4_compares_sharded_training(default_dir):
+    """--steps with --tp: both backends train on 4 devices (the default's 2 kv heads each on 2 of them) and their
+    parameters after the steps are compared with each other and with their own unsharded steps."""
+    result = cli("check", str(default_dir), "--steps", "2", "--tp", "4", "-q", "--seq-len", "7", "--batch", "2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for pair in ("torch/tp4 vs jax/tp4", "torch/tp4 vs torch", "jax/tp4 vs jax"):
+        line = next(line for line in result.stdout.splitlines() if line.strip().startswith(f"{pair}: losses"))
+        assert line.endswith(" ok"), line
+
+
 def test_check_expert_parallel_passes(hf_checkpoint):
     """check --ep 2 (E = 6 experts, 3 per rank): sharded logits equal the unsharded ones and each other within the
     float32 table. TP 2 x EP 2 (4 processes / devices) is checked in each backend's own EP tests

@@ -4,8 +4,8 @@ Mirrors torch_impl/training.py (same names, same arithmetic; spec/training.py fi
 loss is computed in float32 from the logits whatever the model dtype; `cross_entropy`'s custom VJP keeps
 only the logits and each row's log-sum-exp for the backward (XLA fuses the float32 upcast into the
 reductions and into d_logits), so no second float32 [B, T, V] array is kept. Labels are shifted by moving
-them, not the logits. The optimizer is an optax chain built to do torch.optim.AdamW's arithmetic after
-torch's clip_grad_norm_ (`torch_like_clip`: scale by max_norm / (norm + 1e-6) when below 1).
+them, not the logits. The optimizer (an optax chain doing torch's clipping and fused AdamW arithmetic) is
+jax_impl/optimizer.py's; `train_step` runs loss, gradients and update in one compiled program.
 """
 
 from __future__ import annotations
@@ -15,19 +15,17 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jax_impl.model import CausalLM, attention_masks, default_positions
+from jax_impl.optimizer import make_optimizer, runtime_key, sum_replicated_blocks, torch_like_clip
 from jax_impl.vocab_parallel import DATA, vocab_parallel_cross_entropy
 from spec import InputError, check_token_ids
-from spec.parallel import holders, replicated_block, split_axis
+from spec.parallel import split_axis
 from spec.params import LINEAR, runtime_groups
-from spec.training import IGNORE_INDEX, AdamW, check_labels, decays, gather_checkpoint_grads
-
-_FLAX_ROLE = {"kernel": "weight", "bias": "bias", "weight": "weight"}  # Flax attribute -> the table's role
+from spec.training import IGNORE_INDEX, AdamW, check_labels, gather_checkpoint_grads
 
 
 @jax.custom_vjp
@@ -93,11 +91,6 @@ def _batch(model: CausalLM, input_ids, labels, attention_mask) -> tuple[np.ndarr
     return ids.astype(np.int32), key_valid, counted.astype(np.int32)
 
 
-def _runtime_key(path: tuple) -> tuple[str, str]:
-    """A Param's state path -> (module, role) of the parameter table."""
-    return ".".join(str(p) for p in path[:-1]), _FLAX_ROLE[path[-1]]
-
-
 def _checkpoint_layout(model: CausalLM, state: nnx.State, *, sum_replicas: bool = True) -> dict[str, np.ndarray]:
     """Param-shaped values (gradients or parameters) -> checkpoint names, float32 numpy, torch layout.
 
@@ -108,7 +101,7 @@ def _checkpoint_layout(model: CausalLM, state: nnx.State, *, sum_replicas: bool 
     groups, tp = runtime_groups(model.spec), model.layout.tp
     per_rank: list[dict] = [{} for _ in range(tp)]
     for path, value in nnx.to_flat_state(state):
-        key = _runtime_key(path)
+        key = runtime_key(path)
         entry = groups[key][0]
         array = np.asarray(value[...] if hasattr(value, "get_value") else value, dtype=np.float32)
         array = np.swapaxes(array, -1, -2) if entry.kind == LINEAR else array  # Flax [in, out] -> [out, in]
@@ -145,76 +138,6 @@ def loss_and_grads(
     return float(value), _checkpoint_layout(model, grads)
 
 
-def torch_like_clip(max_norm: float, copies=None) -> optax.GradientTransformation:
-    """Global-norm clipping as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when < 1.
-
-    `copies(params)`: a tree like the parameters of how many times each element is stored (a tensor-parallel
-    model's replicated kv heads, once per holding rank), so each element's square counts once; None: once each.
-    """
-
-    def update(updates, state, params=None):
-        norm = optax.tree.norm(updates) if copies is None else global_norm(updates, copies(params))
-        scale = jnp.minimum(max_norm / (norm + 1e-6), 1.0)
-        return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
-
-
-def global_norm(grads, copies) -> jax.Array:
-    """The norm of a gradient tree whose elements are stored `copies` times each (a tree of the same structure)."""
-    squares = jax.tree.map(lambda g, c: jnp.sum(jnp.square(g.astype(jnp.float32))) / c, grads, copies)
-    return jnp.sqrt(sum(jax.tree.leaves(squares)))
-
-
-def stored_copies(model: CausalLM):
-    """params -> a tree like them of how many times the global model stores each element: tp / n_kv for a
-    replicated kv head (once per holding rank, spec/parallel.py `holders`), 1 for everything else."""
-    groups, tp = runtime_groups(model.spec), model.layout.tp
-
-    def copies(params: nnx.State) -> nnx.State:
-        entries = [(path, groups[_runtime_key(path)][0]) for path, _ in nnx.to_flat_state(params)]
-        return nnx.from_flat_state([(path, holders(e, tp) if replicated_block(e, tp) else 1) for path, e in entries])
-
-    return copies
-
-
-def _sum_replicated_blocks(model: CausalLM, grads: nnx.State) -> nnx.State:
-    """Replicated kv heads (tp > num_key_value_heads) are stored once per rank side by side; each copy's gradient
-    comes from its rank's query heads only. Every copy takes the sum over the copies of its head, so they step
-    alike and stay equal (torch_impl/training.py does the same with one all-reduce)."""
-    tp = model.layout.tp
-    if tp == 1:
-        return grads
-    groups, flat = runtime_groups(model.spec), []
-    for path, g in nnx.to_flat_state(grads):
-        entry = groups[_runtime_key(path)][0]
-        if replicated_block(entry, tp):  # split axis last in Flax layout: [..., n_kv * copies * d]
-            value = g[...]
-            blocks = value.reshape(*value.shape[:-1], entry.units, holders(entry, tp), -1)  # [..., n_kv, copies, d]
-            g = g.replace(jnp.broadcast_to(blocks.sum(axis=-2, keepdims=True), blocks.shape).reshape(value.shape))
-        flat.append((path, g))
-    return nnx.from_flat_state(flat)
-
-
-def make_optimizer(model: CausalLM, config: AdamW) -> nnx.Optimizer:
-    """torch.optim.AdamW's arithmetic: clipping, then Adam with bias correction on both moments, decoupled
-    weight decay on 2-D weights only (norms and biases excluded: spec/training.py), then -lr."""
-    kinds = {key: entries[0].kind for key, entries in runtime_groups(model.spec).items()}
-
-    def decay_mask(params: nnx.State) -> nnx.State:
-        flat = nnx.to_flat_state(params)
-        return nnx.from_flat_state([(path, decays(kinds[_runtime_key(path)])) for path, _ in flat])
-
-    copies = stored_copies(model) if model.layout.tp > 1 else None
-    chain = [] if config.max_grad_norm is None else [torch_like_clip(config.max_grad_norm, copies)]
-    chain.append(
-        optax.adamw(
-            config.lr, config.beta1, config.beta2, config.eps, weight_decay=config.weight_decay, mask=decay_mask
-        )
-    )
-    return nnx.Optimizer(model, optax.chain(*chain), wrt=nnx.Param)
-
-
 @partial(nnx.jit, donate_argnames=("model", "optimizer"))  # updated in place: no second copy of weights and moments
 def _step(model: CausalLM, optimizer: nnx.Optimizer, ids, key_valid, labels):
     def loss_fn(model: CausalLM) -> jax.Array:
@@ -223,7 +146,7 @@ def _step(model: CausalLM, optimizer: nnx.Optimizer, ids, key_valid, labels):
         return cross_entropy(logits, labels, model.layout.tp)
 
     value, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, _sum_replicated_blocks(model, grads))
+    optimizer.update(model, sum_replicated_blocks(model, grads))
     return value
 
 

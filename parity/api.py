@@ -95,6 +95,13 @@ def check(
         checkpoint, dtype, kernels, reference, ids, prompt, seq_len, batch, seed, baseline, tp, routing, ep
     )  # fmt: skip
     check_moe_options(request, stream, grad or bool(steps))
+    if steps and request.dtype == "float16":
+        raise InputError(
+            "--steps in float16 compares nothing: AdamW on float16 parameters and moments (torch's own, as "
+            "transformers runs it) underflows the second moment and overflows within a few steps (measured on the "
+            "built-in checkpoint: transformers, torch_impl and jax_impl all reach inf by step 8). Use bfloat16 or "
+            "float32 for --steps; --grad alone works in float16"
+        )
     prepare_environment(request.kernels, request.tp * request.ep)  # before triton is imported or JAX starts
     say = log or (lambda _line: None)
     if grad or steps:

@@ -18,6 +18,7 @@ def main(directory: str, tp: int) -> dict:
     from flax import nnx
 
     import jax_impl
+    from jax_impl import optimizer as opt
     from jax_impl import tensor_parallel, training
     from parity.gradients import compare_steps
     from spec.training import AdamW
@@ -40,9 +41,9 @@ def main(directory: str, tp: int) -> dict:
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     batch = training._batch(model, ids, None, mask)
     _, grads = training._on_mesh(model, lambda *b: training._value_and_grad(graphdef, params, rest, *b), *batch)
-    grads = training._sum_replicated_blocks(model, grads)
+    grads = opt.sum_replicated_blocks(model, grads)
     grads, params = nnx.as_pure(grads), nnx.as_pure(params)  # as nnx.Optimizer hands them to the optax chain
-    out["norm"] = float(training.global_norm(grads, training.stored_copies(model)(params)))
+    out["norm"] = float(opt.global_norm(grads, opt.stored_copies(model)(params)))
 
     before = training.parameters(ref)
     placed = {path: v[...].sharding for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import jax
+import jax.numpy as jnp
 import optax
 import pytest
 import torch
 import torch.nn.functional as F
 
+import jax_impl.optimizer
 import jax_impl.training
 import kernels.triton.reference as triton_ref
 import torch_impl
@@ -107,30 +108,23 @@ def _loss_over_all_positions(mp: pytest.MonkeyPatch) -> None:
 
 
 def _decay_on_norms(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(jax_impl.training, "decays", lambda kind: True)
+    mp.setattr(jax_impl.optimizer, "decays", lambda kind: True)
 
 
 def _adam_without_bias_correction(mp: pytest.MonkeyPatch) -> None:
-    """Adam's moments used as they are: the first steps are 1 / sqrt(1 - b2) / (1 - b1) ~ 3x too large."""
+    """Adam's moments used as they are: the first steps are 1 / sqrt(1 - b2) / (1 - b1) ~ 3x too large. The step
+    count starts where b1 ** t and b2 ** t are 0, so both corrections divide by 1."""
+    original = jax_impl.optimizer.torch_adamw
 
-    def adamw(learning_rate, b1, b2, eps, *, weight_decay, mask):
+    def adamw(config, decay_mask):
+        inner = original(config, decay_mask)
+
         def init(params):
-            zeros = optax.tree.zeros_like(params)
-            return (zeros, optax.tree.zeros_like(params))
+            return inner.init(params)._replace(count=jnp.array(10**6, jnp.int32))
 
-        def update(grads, state, params=None):
-            mu = optax.tree.update_moment(grads, state[0], b1, 1)
-            nu = optax.tree.update_moment_per_elem_norm(grads, state[1], b2, 2)
-            updates = jax.tree.map(lambda m, v: m / (v**0.5 + eps), mu, nu)
-            return updates, (mu, nu)
+        return optax.GradientTransformation(init, inner.update)
 
-        return optax.chain(
-            optax.GradientTransformation(init, update),
-            optax.add_decayed_weights(weight_decay, mask),
-            optax.scale_by_learning_rate(learning_rate),
-        )
-
-    mp.setattr(jax_impl.training.optax, "adamw", adamw)
+    mp.setattr(jax_impl.optimizer, "torch_adamw", adamw)
 
 
 GRAD_MUTANTS: list[GradMutant] = [

@@ -173,6 +173,7 @@ BAD_OPTIONS = {
     "json_unwritable": (["--json", "/proc/decoder-parity.json"], "cannot write /proc/decoder-parity.json"),
     "plot_unknown_format": (["--plot", "{t}/p.txt"], "one of .png, .svg, .pdf"),
     "plot_unwritable": (["--plot", "/proc/p.png"], "cannot write /proc/p.png"),
+    "steps_in_float16": (["--steps", "2", "--dtype", "float16"], "--steps in float16 compares nothing"),
 }
 
 

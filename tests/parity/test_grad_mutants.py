@@ -55,3 +55,22 @@ def test_catalogue_covers_the_issue():
         "weight_decay_on_norm_weights",
         "adam_bias_correction_missing",
     }
+
+
+def test_bfloat16_steps_pass_and_a_missing_bias_correction_still_fails(default_dir):
+    """bfloat16 steps against their own bound (parity/tolerances.py STEP_REASON: sign noise of Adam's first step
+    and the parameters' bf16 rounding): the unmutated backends pass, and the bias-correction mutant (updates ~3x
+    too large) still fails it."""
+    bf16 = {**CHECK, "dtype": "bfloat16"}
+    report = parity.check(default_dir, **bf16, steps=2)
+    assert report.passed, report.format()
+    (mutant,) = [m for m in GRAD_MUTANTS if m.name == "adam_bias_correction_missing"]
+    with pytest.MonkeyPatch.context() as mp:
+        mutant.inject(mp)
+        jax.clear_caches()
+        try:
+            report = parity.check(default_dir, **bf16, steps=2)
+        finally:
+            jax.clear_caches()
+    failed = [s for s in report.steps if not s.passed]
+    assert failed and failed[0].worst[1] > failed[0].bound, [s.to_dict() for s in report.steps]

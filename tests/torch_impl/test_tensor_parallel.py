@@ -269,13 +269,14 @@ STEPS = 3
 def _train_checks(path: str, batches: list[np.ndarray], config) -> dict:
     """On every rank: the clipping norm of one backward, then `STEPS` AdamW steps, the parameters put together,
     and every rank's copy of the tensors several ranks hold (norms, replicated kv heads), which must stay equal."""
+    from torch_impl import optimizer as opt
     from torch_impl import training
 
     model = torch_impl.from_pretrained(path, group=dist.group.WORLD)
     model.requires_grad_(True)
     training.loss(model, batches[0], attention_mask=MASK).backward()
-    training._sum_replicated_blocks(model)
-    norm = float(training._clip_over_ranks(model, 1e9))  # coefficient 1: the norm alone
+    opt.sum_replicated_blocks(model)
+    norm = float(opt.clip_grad_norm(model, list(model.parameters()), 1e9))  # coefficient 1: the norm alone
     model.zero_grad(set_to_none=True)
     optimizer = training.make_optimizer(model, config)
     losses = [training.train_step(model, optimizer, config, ids, attention_mask=MASK) for ids in batches]

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_impl.linear import product
 from jax_impl.vocab_parallel import no_pad_gradient, vocab_parallel_embedding
 
 HIGHEST = jax.lax.Precision.HIGHEST  # full fp32 matmuls on GPU too: parity is the point
@@ -36,4 +37,4 @@ class Embedding(nnx.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Tied logits: x @ E^T with E the embedding table itself."""
-        return jnp.einsum("bth,vh->btv", x, self.weight[...], precision=HIGHEST)  # [B, T, V]
+        return product(x, self.weight[...], precision=HIGHEST)  # [B, T, H] -> [B, T, V], in the form chosen by shape

@@ -90,6 +90,16 @@ class PathChoice:
                     choice = self._chosen[key] = self._measure(candidates)
         return choice.path
 
+    def settle(self, key: Hashable, path: str) -> str:
+        """The path for `key` where a rule leaves one candidate: recorded like a measured choice, at no cost, so a
+        report of the choices lists it (its `seconds` are empty). A forced path still wins."""
+        forced = self._forced.get()
+        if forced is not None:
+            return forced
+        with self._lock:
+            choice = self._chosen.setdefault(key, Choice(self.check(path), {}, 0.0))
+        return choice.path
+
     def _measure(self, candidates: Callable[[], Mapping[str, Callable[[], object]]]) -> Choice:
         start = self.clock()
         runs = dict(candidates())

@@ -77,6 +77,20 @@ def test_a_single_candidate_is_taken():
     assert choice.choose("k", lambda: {"other": clock.candidate(1.0, [], "other")}) == "other"
 
 
+def test_a_settled_key_is_recorded_untimed_and_kept():
+    """A rule's path (`settle`): recorded with no timings and no cost, kept like a measured one; forced still wins."""
+    clock = FakeClock()
+    choice = make(clock)
+    assert choice.settle("k", "other") == "other"
+    assert choice.chosen() == {"k": choice.chosen()["k"]} and dict(choice.chosen()["k"].seconds) == {}
+    assert choice.cost() == 0.0 and clock.now == 0.0
+    assert choice.settle("k", "plain") == "other"  # the first record stands, as a measured choice does
+    with choice.forced("plain"):
+        assert choice.settle("j", "other") == "plain" and "j" not in choice.chosen()
+    with pytest.raises(ValueError, match="unknown path"):
+        choice.settle("x", "fast")
+
+
 def test_forced_pins_without_measuring_and_only_in_its_block():
     clock = FakeClock()
     choice = make(clock)

@@ -74,18 +74,19 @@ def test_sharded_train_steps_match_unsharded(default_dir, tmp_path):
     within the step table, the replicas stay identical, nothing moved, and the compiled step gathers no logits.
     The default checkpoint at tp 4 (2 kv heads, each on 2 devices) and a single-kv-head Qwen2 at tp 2."""
     qwen2 = spec.write_checkpoint(tmp_path, QWEN2_SINGLE_KV, spec.random_weights(QWEN2_SINGLE_KV, 1))
-    for directory, tp in ((default_dir, 4), (qwen2, 2)):
-        out = _run(TRAIN_SCRIPT, directory, tp)
+    for directory, tp, full in ((default_dir, 4, "full"), (qwen2, 2, "steps")):
+        out = _run(TRAIN_SCRIPT, directory, tp, full)
         assert abs(out["norm"] - out["ref_norm"]) <= 1e-6 * out["ref_norm"], (tp, out["norm"], out["ref_norm"])
         assert out["ref_norm"] > 0.5  # the steps clip (max_grad_norm 0.5)
         steps = out["steps"]
         assert steps["test_losses"] == pytest.approx(steps["ref_losses"], rel=1e-6)
         assert steps["passed"] and steps["compared"] > 20, steps
-        assert out["linear_step"]["passed"], out["linear_step"]
         assert out["replicas_equal"] and all(out["replicas_equal"]), out["replicas_equal"]
         assert out["placement_moved"] == [], out["placement_moved"]
         assert "P(None, 'model')" in out["moment_specs"]  # Adam's moments sharded like the kernels, never whole
-        assert out["step_vocab_all_gathers"] == [], out["step_vocab_all_gathers"]
+        if full == "full":
+            assert out["linear_step"]["passed"], out["linear_step"]
+            assert out["step_vocab_all_gathers"] == [], out["step_vocab_all_gathers"]
 
 
 @pytest.mark.parametrize(

@@ -71,20 +71,16 @@ def test_python_check_tp_after_jax_started_names_the_fix(default_dir):
     assert "refused:" in result.stdout and "prepare_environment(tp=2)" in result.stdout, result.stdout
 
 
-def test_check_grad_tp2_compares_sharded_gradients(default_dir):
-    result = cli("check", str(default_dir), "--grad", "--tp", "2", "-q", "--seq-len", "7", "--batch", "2")
+def test_check_grad_and_steps_tp2_compare_sharded_gradients_and_training(default_dir):
+    """--grad --tp: the loss and gradients from vocabulary-sharded logits; --steps with --tp: both backends also train
+    on 2 devices and their parameters after the step are compared with each other and with their own unsharded
+    step (replicated kv heads, tp > n_kv, are covered by the backends' own tests)."""
+    result = cli("check", str(default_dir), "--steps", "1", "--tp", "2", "-q", "--seq-len", "7", "--batch", "2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     verdict = result.stdout.strip().splitlines()[-1]
     assert verdict.startswith("PASS") and "torch/tp2 vs jax/tp2 on 25 gradients" in verdict
     assert "jax/tp2 vs jax on 25 gradients" in verdict and "torch/tp2 vs torch on 25 gradients" in verdict
-
-
-def test_check_steps_tp4_compares_sharded_training(default_dir):
-    """--steps with --tp: both backends train on 4 devices (the default's 2 kv heads each on 2 of them) and their
-    parameters after the steps are compared with each other and with their own unsharded steps."""
-    result = cli("check", str(default_dir), "--steps", "2", "--tp", "4", "-q", "--seq-len", "7", "--batch", "2")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for pair in ("torch/tp4 vs jax/tp4", "torch/tp4 vs torch", "jax/tp4 vs jax"):
+    for pair in ("torch/tp2 vs jax/tp2", "torch/tp2 vs torch", "jax/tp2 vs jax"):
         line = next(line for line in result.stdout.splitlines() if line.strip().startswith(f"{pair}: losses"))
         assert line.endswith(" ok"), line
 

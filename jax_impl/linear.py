@@ -8,7 +8,8 @@ A product x [m, in] @ W with few rows m (a decode step) streams W, and how fast 
 lowers it, which depends on the processor and the dtype. Three forms compute it:
 
 - dot: the single dot. XLA:CPU lowers a one-row product to its own matrix-vector code, which reads a
-  bfloat16 weight through a float32 copy of it; products of more rows go to its library matmul.
+  bfloat16 weight through a float32 copy of it; products of more rows go to its library matmul (a bfloat16 one
+  only when asked for a float32 result, which `_dot` does).
 - split (float32): the contraction in SPLIT_CHUNKS contiguous row blocks of W (a reshape, no copy: [in, out]
   -> [c, in/c, out]), one batched product per block and a sum of the c partial rows: on some processors it
   streams tall, narrow [in, out] weights faster than the single dot (docs/benchmarks.md). Not offered in

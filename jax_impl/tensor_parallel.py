@@ -112,11 +112,14 @@ def sharded_logits(model, ids: np.ndarray, mesh: Mesh) -> jax.Array:
     """Uncached forward on the mesh: logits [B, T, V_pad] that stay sharded over the vocabulary."""
     ids = check_token_ids(ids, model.spec)
     graphdef, state = nnx.split(model)
+    return on_mesh(mesh, partial(_sharded_logits, graphdef, state), ids.astype(np.int32), np.ones(ids.shape, bool))
+
+
+def on_mesh(mesh: Mesh, fn: Callable, *batch: np.ndarray):
+    """fn(*batch) under `mesh`, each host array's rows placed over its "data" axis (the rest replicated)."""
+    rows = NamedSharding(mesh, P(DATA, None))
     with jax.set_mesh(mesh):
-        rows = NamedSharding(mesh, P(DATA, None))
-        ids_d = jax.device_put(ids.astype(np.int32), rows)
-        valid = jax.device_put(np.ones(ids.shape, bool), rows)
-        return _sharded_logits(graphdef, state, ids_d, valid)
+        return fn(*[jax.device_put(a, rows) for a in batch])
 
 
 def sharded_steps(mesh: Mesh, steps: tuple[Callable, Callable], state: nnx.State, cache):

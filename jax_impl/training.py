@@ -16,12 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from jax_impl.model import CausalLM, attention_masks, default_positions
 from jax_impl.optimizer import make_optimizer, runtime_key, sum_replicated_blocks, torch_like_clip
-from jax_impl.vocab_parallel import DATA, vocab_parallel_cross_entropy
+from jax_impl.tensor_parallel import on_mesh
+from jax_impl.vocab_parallel import vocab_parallel_cross_entropy
 from spec import InputError, check_token_ids
 from spec.parallel import split_axis
 from spec.params import LINEAR, runtime_groups
@@ -115,14 +114,10 @@ def _checkpoint_layout(model: CausalLM, state: nnx.State, *, sum_replicas: bool 
 
 
 def _on_mesh(model: CausalLM, fn, *batch: np.ndarray):
-    """fn(*batch): plainly on one device, or under the mesh the parameters live on with the batch's rows over its
-    "data" axis."""
+    """fn(*batch): plainly on one device, or under the mesh the parameters live on (tensor_parallel.on_mesh)."""
     if model.layout.tp == 1 and model.ep == 1:
         return fn(*batch)
-    mesh = model.model.embed_tokens.weight[...].sharding.mesh
-    rows = NamedSharding(mesh, P(DATA, None))
-    with jax.set_mesh(mesh):
-        return fn(*[jax.device_put(a, rows) for a in batch])
+    return on_mesh(model.model.embed_tokens.weight[...].sharding.mesh, fn, *batch)
 
 
 def loss_and_grads(

@@ -43,11 +43,11 @@ def make_optimizer(model: CausalLM, config: AdamW) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, fused=True)
 
 
-def clip_grad_norm(model: CausalLM, params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """torch.nn.utils.clip_grad_norm_ (scale by max_norm / (norm + 1e-6) when below 1); over the ranks' slices for a
-    tensor-parallel model. Returns the norm."""
+def clip_grad_norm(model: CausalLM, max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ of every parameter (scale by max_norm / (norm + 1e-6) when below 1); over the
+    ranks' slices for a tensor-parallel model. Returns the norm."""
     if model.layout.tp == 1:
-        return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False)
+        return torch.nn.utils.clip_grad_norm_(list(model.parameters()), max_norm, foreach=False)
     return _clip_over_ranks(model, max_norm)
 
 
@@ -64,6 +64,8 @@ def sum_replicated_blocks(model: CausalLM) -> None:
     Every other tensor's gradient is already whole on each rank (tensor_parallel.py's autograd-aware
     collectives; per-head q/k norms: layernorm.py)."""
     tp, rank = model.layout.tp, model.layout.rank
+    if tp == 1:
+        return
     found = [(p, e[0]) for p, e in _entries(model) if p.grad is not None and replicated_block(e[0], tp)]
     if not found:
         return

@@ -138,16 +138,15 @@ def train_step(
     attention_mask: np.ndarray | None = None,
 ) -> float:
     """One step: loss, backward, global-norm clipping (torch's clip_grad_norm_), AdamW. Returns the loss."""
-    params = _trainable(model)
+    _trainable(model)  # refuses a model that cannot take a gradient, naming why
     model.requires_grad_(True)
     optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad(), _lookup_rows_added_to_head(model, input_ids):
         value = loss(model, input_ids, labels, attention_mask)
         value.backward()
-    if model.layout.tp > 1:
-        sum_replicated_blocks(model)
+    sum_replicated_blocks(model)
     if config.max_grad_norm is not None:
-        clip_grad_norm(model, params, config.max_grad_norm)
+        clip_grad_norm(model, config.max_grad_norm)
     optimizer.step()
     return float(value.detach())
 

@@ -37,7 +37,7 @@ def test_clip_grad_norm_is_torchs_on_one_process(default_dir):
     for p in params:
         p.grad = torch.randn_like(p)
     expected = [p.grad.clone() for p in params]
-    norm = clip_grad_norm(model, params, 1.0)
+    norm = clip_grad_norm(model, 1.0)
     assert torch.allclose(norm, torch.linalg.vector_norm(torch.stack([g.norm() for g in expected])), rtol=1e-6)
     scale = 1.0 / (float(norm) + 1e-6)
     for p, g in zip(params, expected, strict=True):

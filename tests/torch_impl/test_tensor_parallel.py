@@ -276,7 +276,7 @@ def _train_checks(path: str, batches: list[np.ndarray], config) -> dict:
     model.requires_grad_(True)
     training.loss(model, batches[0], attention_mask=MASK).backward()
     opt.sum_replicated_blocks(model)
-    norm = float(opt.clip_grad_norm(model, list(model.parameters()), 1e9))  # coefficient 1: the norm alone
+    norm = float(opt.clip_grad_norm(model, 1e9))  # coefficient 1: the norm alone
     model.zero_grad(set_to_none=True)
     optimizer = training.make_optimizer(model, config)
     losses = [training.train_step(model, optimizer, config, ids, attention_mask=MASK) for ids in batches]

@@ -25,8 +25,9 @@ which compiles the forms that apply as small programs of their own and times the
 stay in cache, as a decode step streams its weights. The process keeps the fastest form for that key, so every
 later trace agrees; a compiled program holds whichever form was chosen when it was traced. A weight under
 MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single dot without measuring. One bfloat16 row is
-not timed against the single dot: XLA lowers that dot through a float32 copy of the weight (`_worth_timing` says
-why the padded form always moves less), so the padded form is settled without a measurement.
+not timed against the single dot where XLA lowers that dot through a float32 copy of the weight and the padded
+form does not (`bf16_row_dot_copies`, read from the compiled programs): the padded form moves less and is settled
+without a measurement.
 
 Every form accumulates in float32 and rounds once to the output dtype; they differ only by summation order
 (tests/jax_impl/test_linear.py checks each against a float64 product). `PATHS.forced(path)` or
@@ -197,14 +198,30 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
 
 
 def _worth_timing(forms: tuple[str, ...], rows: int, dtype) -> tuple[str, ...]:
-    """The forms a measurement times. Not the single dot of one bfloat16 row where the padded form applies: XLA:CPU
-    lowers it through a float32 copy of the whole weight, written and read back (10 bytes moved per weight element
-    where the padded form moves 2; tests/jax_impl/test_linear.py checks that lowering), a compiler property, not a
-    processor's. Timed alone it looked close (16 vs 13 ms per 64 MB), because a lone program's copy stays in cache;
-    inside a decode step it ran at 1.4 GB/s against the padded form's 9-13, and a near-tie once chose it."""
-    if rows == 1 and jnp.dtype(dtype) == jnp.bfloat16 and "pad" in forms:
+    """The forms a measurement times. Not the single dot of one bfloat16 row where this XLA lowers it through a
+    float32 copy of the whole weight and the padded form reads the weight as it is (`bf16_row_dot_copies`): 10
+    bytes moved per weight element against 2. Timed alone it looked close (16 vs 13 ms per 64 MB), because a lone
+    program's copy stays in cache; inside a decode step it ran at 1.4 GB/s against the padded form's 9-13, and a
+    near-tie once chose it. Where the lowering differs, both forms are timed."""
+    if rows == 1 and jnp.dtype(dtype) == jnp.bfloat16 and "pad" in forms and bf16_row_dot_copies():
         return tuple(form for form in forms if form != "dot")
     return forms
+
+
+@functools.cache
+def bf16_row_dot_copies() -> bool:
+    """Whether XLA lowers one bfloat16 row's single dot through a float32 copy of its weight while the padded form
+    reads the weight as bf16: read once per process from the compiled pair on a small shape (the lowering depends
+    on the jaxlib and may depend on the processor's bf16 support, so it is read here, not assumed)."""
+    shapes = jax.ShapeDtypeStruct((1, 256), jnp.bfloat16), jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)
+    kw = dict(axis=0, precision=jax.lax.Precision.HIGHEST, preferred_element_type=None)
+
+    def copies(form: str) -> bool:
+        with jax.ensure_compile_time_eval():  # a program of its own, even while the caller traces
+            text = jax.jit(functools.partial(FORMS[form], **kw)).lower(*shapes).compile().as_text()
+        return "f32[256,384]" in text
+
+    return copies("dot") and not copies("pad")
 
 
 def dot_general(

@@ -144,17 +144,24 @@ def run_grads(backend: str, directory, ids, dtype: str, kernels: str) -> tuple[f
 
 
 def run_steps(
-    backend: str, directory, batches: list[np.ndarray], config: AdamW, dtype: str, kernels: str
+    backend: str, directory, batches: list[np.ndarray], config: AdamW, dtype: str, kernels: str, tp: int = 1
 ) -> tuple[list[float], dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(losses, parameters before, parameters after) of N AdamW steps in one framework."""
+    """(losses, parameters before, parameters after) of N AdamW steps in one framework, on one device or
+    tensor-parallel over `tp` (torch: gloo processes, whose parameters before are not read back: {})."""
     if backend == "hf":
         from parity.hf_training import hf_train
 
         before = {}  # read from the checkpoint by the caller's torch run (the same file)
         losses, after = hf_train(directory, batches, config, dtype=dtype)
         return losses, before, after
+    if backend == "torch" and tp > 1:
+        from torch_impl.tp_launch import launch_steps
+
+        losses, after = launch_steps(directory, batches, config, tp, dtype=dtype)
+        return losses, {}, after
     training = _training(backend)
-    model = _backend(backend).from_pretrained(directory, dtype, kernels=kernels)
+    mesh = {"mesh": importlib.import_module("jax_impl.tensor_parallel").make_mesh(tp)} if tp > 1 else {}
+    model = _backend(backend).from_pretrained(directory, dtype, kernels=kernels, **mesh)
     before = training.parameters(model)
     optimizer = training.make_optimizer(model, config)
     losses = [training.train_step(model, optimizer, config, ids) for ids in batches]
@@ -221,12 +228,10 @@ def _tensor_parallel(r, runs: dict, say: Callable[[str], None]) -> list[Comparis
 
 def _tensor_parallel_steps(r, batches, config: AdamW, trained: dict, before, say) -> list[StepResult]:
     """Both backends' AdamW steps on tp devices, against each other and against their own unsharded steps."""
-    from parity.tensor_parallel import jax_tp_steps, torch_tp_steps
-
     say(f"torch {r.dtype}: {len(batches)} AdamW steps tensor-parallel over {r.tp} gloo processes")
-    sharded = {"torch": torch_tp_steps(r.directory, batches, config, r.tp, r.dtype)}
+    sharded = {"torch": run_steps("torch", r.directory, batches, config, r.dtype, "reference", tp=r.tp)}
     say(f"jax {r.dtype}: {len(batches)} AdamW steps tensor-parallel over a {r.tp}-device mesh")
-    sharded["jax"] = jax_tp_steps(r.directory, batches, config, r.tp, r.dtype)
+    sharded["jax"] = run_steps("jax", r.directory, batches, config, r.dtype, "reference", tp=r.tp)
     torch_tp, jax_tp = f"torch/tp{r.tp}", f"jax/tp{r.tp}"
     return [
         compare_steps(sharded["torch"], sharded["jax"], before, (torch_tp, jax_tp), r.dtype, r.spec),

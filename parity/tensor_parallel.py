@@ -4,10 +4,10 @@ Each backend runs the same ids on N devices (torch: N gloo processes, torch_impl
 over N devices, simulated on CPU, jax_impl/tensor_parallel.py), gathers the logits once (`gather_logits`,
 the explicit request for whole logits), and is compared with its own unsharded logits and with the other
 backend's sharded logits; with --grad, the loss (from vocabulary-sharded logits, never gathered) and every
-gradient likewise, and with --steps the parameters after N AdamW steps. Sharding changes no other component's
-math, only where it is computed. `ep` > 1 (mixture of experts) also shards the experts over ep ranks (torch:
-tp * ep processes; JAX: the mesh's "expert" axis). Call parity.prepare_environment(tp=N * ep) first
-(parity.check does).
+gradient likewise, and with --steps the parameters after N AdamW steps (parity/gradients.py's run_steps with
+tp > 1). Sharding changes no other component's math, only where it is computed. `ep` > 1 (mixture of experts)
+also shards the experts over ep ranks (torch: tp * ep processes; JAX: the mesh's "expert" axis). Call
+parity.prepare_environment(tp=N * ep) first (parity.check does).
 """
 
 from __future__ import annotations
@@ -52,26 +52,3 @@ def jax_tp_grads(directory: Path, ids: np.ndarray, tp: int, dtype: str) -> tuple
 
     model = jax_impl.from_pretrained(directory, dtype, mesh=tensor_parallel.make_mesh(tp))
     return loss_and_grads(model, ids)
-
-
-def torch_tp_steps(
-    directory: Path, batches: list[np.ndarray], config, tp: int, dtype: str
-) -> tuple[list[float], None, dict[str, np.ndarray]]:
-    """(losses, -, parameters after) of AdamW steps on `tp` gloo processes, as parity/gradients.py's run_steps."""
-    from torch_impl.tp_launch import launch_steps
-
-    losses, after = launch_steps(directory, batches, config, tp, dtype=dtype)
-    return losses, None, after
-
-
-def jax_tp_steps(
-    directory: Path, batches: list[np.ndarray], config, tp: int, dtype: str
-) -> tuple[list[float], None, dict[str, np.ndarray]]:
-    """(losses, -, parameters after) of AdamW steps on a `tp`-device mesh."""
-    import jax_impl
-    from jax_impl import tensor_parallel, training
-
-    model = jax_impl.from_pretrained(directory, dtype, mesh=tensor_parallel.make_mesh(tp))
-    optimizer = training.make_optimizer(model, config)
-    losses = [training.train_step(model, optimizer, config, ids) for ids in batches]
-    return losses, None, training.parameters(model)

@@ -159,8 +159,12 @@ def run_steps(
 
         losses, after = launch_steps(directory, batches, config, tp, dtype=dtype)
         return losses, {}, after
+    mesh = {}
+    if tp > 1:  # jax: the parameters sharded over a tp-device mesh
+        from jax_impl.tensor_parallel import make_mesh
+
+        mesh = {"mesh": make_mesh(tp)}
     training = _training(backend)
-    mesh = {"mesh": importlib.import_module("jax_impl.tensor_parallel").make_mesh(tp)} if tp > 1 else {}
     model = _backend(backend).from_pretrained(directory, dtype, kernels=kernels, **mesh)
     before = training.parameters(model)
     optimizer = training.make_optimizer(model, config)

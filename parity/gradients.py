@@ -147,7 +147,8 @@ def run_steps(
     backend: str, directory, batches: list[np.ndarray], config: AdamW, dtype: str, kernels: str, tp: int = 1
 ) -> tuple[list[float], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(losses, parameters before, parameters after) of N AdamW steps in one framework, on one device or
-    tensor-parallel over `tp` (torch: gloo processes, whose parameters before are not read back: {})."""
+    tensor-parallel over `tp` (torch: gloo processes; JAX: a mesh). With tp > 1 the parameters before are not read
+    back ({}): the caller compares against the unsharded run's."""
     if backend == "hf":
         from parity.hf_training import hf_train
 
@@ -166,7 +167,7 @@ def run_steps(
         mesh = {"mesh": make_mesh(tp)}
     training = _training(backend)
     model = _backend(backend).from_pretrained(directory, dtype, kernels=kernels, **mesh)
-    before = training.parameters(model)
+    before = training.parameters(model) if tp == 1 else {}
     optimizer = training.make_optimizer(model, config)
     losses = [training.train_step(model, optimizer, config, ids) for ids in batches]
     after = training.parameters(model)

@@ -144,7 +144,8 @@ def test_layer_streamed_matches_whole_model(hf_checkpoint):
 
 def test_teacher_forced_routing(hf_checkpoint):
     """Forcing a model's own choices reproduces its output bit for bit; forcing other experts on some tokens
-    changes those tokens (and, through attention, only later positions), with the forced ids in the trace."""
+    changes those tokens (and, through attention, only later positions), with the forced ids in the trace; the
+    others stay within the float32 table."""
     model = load("jax", hf_checkpoint("qwen3_moe_e6k4"))
     ids = ids_for("qwen3_moe_e6k4")
     trace: dict = {}
@@ -160,10 +161,13 @@ def test_teacher_forced_routing(hf_checkpoint):
     changed_trace: dict = {}
     changed = np.asarray(model(ids, trace=changed_trace, routing=other))
     np.testing.assert_array_equal(np.asarray(changed_trace["layers.2.moe.topk_ids"]), other[2])
-    differs = np.abs(changed - free).max(axis=-1) > 0  # [B, T]
-    want = np.zeros_like(differs)
-    want[0, 5] = True
-    np.testing.assert_array_equal(differs, want)
+    # The other tokens' expert products are the same, but the forced choice moves rows between the experts'
+    # groups, and a product may sum a row in another order at another place in its group: held to the float32
+    # table, not to bit identity (tests/torch_impl/test_moe.py, where MKL with AVX2 does so). The forced token moves
+    # by orders of magnitude more.
+    moved = np.abs(changed - free).max(axis=-1) > FP32_REL * np.abs(free).max()  # [B, T]
+    assert np.argwhere(moved).tolist() == [[0, 5]]
+    assert rel_err(changed[0, 5], free[0, 5]) > 1e3 * FP32_REL
 
 
 def test_teacher_forced_routing_under_jit_traces_once(hf_checkpoint):

@@ -129,11 +129,17 @@ def test_teacher_forcing_own_choices_is_exact_and_others_change_only_those_token
         changed[0, 5] = torch.tensor([e for e in range(6) if e not in row.tolist()] + row.tolist()[:2])  # k = 4
         forced: dict[str, torch.Tensor] = {}
         other = qwen3(ids, routing={0: changed.numpy()}, trace=forced)
-    moved = (forced["layers.0.moe.experts_out"] != trace["layers.0.moe.experts_out"]).any(-1)  # [B, T]
-    assert moved.nonzero().tolist() == [[0, 5]]
     np.testing.assert_array_equal(forced["layers.0.moe.topk_ids"].numpy(), changed.numpy())
-    assert torch.equal(other[0, :5], logits[0, :5]) and torch.equal(other[1], logits[1])  # causal: before 5 unmoved
-    assert not torch.equal(other[0, 5], logits[0, 5])
+    # The other tokens' expert products are the same, but the experts now see other row counts, and a BLAS may sum
+    # a row in another order for another count (MKL with AVX2 does, with AVX-512 it did not): they are held to the
+    # float32 table, not to bit identity. The forced token moves by orders of magnitude more.
+    out, ref = forced["layers.0.moe.experts_out"], trace["layers.0.moe.experts_out"]  # [B, T, H]
+    moved = (out - ref).abs().amax(-1) > FP32_REL * ref.abs().max()  # [B, T]
+    assert moved.nonzero().tolist() == [[0, 5]]
+    assert rel_err(out[0, 5].numpy(), ref[0, 5].numpy()) > 1e3 * FP32_REL
+    assert rel_err(other[0, :5].numpy(), logits[0, :5].numpy()) <= FP32_REL  # causal: before 5 unmoved
+    assert rel_err(other[1].numpy(), logits[1].numpy()) <= FP32_REL
+    assert rel_err(other[0, 5].numpy(), logits[0, 5].numpy()) > 1e3 * FP32_REL
 
 
 @pytest.mark.parametrize(

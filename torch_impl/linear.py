@@ -7,19 +7,24 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
   (T = 1) the same product as a 2-D [tokens, in] GEMV streams the weight faster.
 - Which library, measured: a CPU inference product can run through F.linear (MKL's GEMM/GEMV in this torch
   build for float32) or through oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the op
-  torch.compile's CPU backend emits). Both accumulate in float32 and compute x @ W^T + b up to summation
-  order; which streams a weight faster depends on the processor (MKL's GEMV is slow on some AMD processors
-  and the faster one on Intel: docs/benchmarks.md). So the first product of each (rows, in, out, dtype, bias)
-  times both paths (spec/path_choice.py) and the process keeps the faster (above STREAM_ROWS rows, one choice
-  per power-of-two bucket of rows: `rows_key`). A decode-sized product (few rows) is timed over enough
-  distinct weights of its shape that they cannot all stay in cache, as a decode step
-  streams its weights; a prefill-sized one, which is compute-bound, on the weight it was called with.
+  torch.compile's CPU backend emits), and a bfloat16 one also as "upcast": bfloat16 storage, float32
+  compute, the weight converted UPCAST_BYTES of rows at a time into a float32 block that stays in cache and
+  multiplied by float32 GEMM, the result rounded once. On a processor without bfloat16 instructions (AVX2) the
+  libraries' bfloat16 GEMM is several times slower than that; with them (AVX512_BF16, AMX) several times
+  faster (docs/benchmarks.md). Every path accumulates in float32 and computes x @ W^T + b up to summation
+  order; which is faster depends on the processor (MKL's GEMV is slow on some AMD processors and the faster
+  one on Intel). So the first product of each (rows, in, out, dtype, bias) times the paths that apply
+  (spec/path_choice.py) and the process keeps the fastest (above STREAM_ROWS rows, one choice per
+  power-of-two bucket of rows: `rows_key`). A decode-sized product (few rows) is timed over enough distinct
+  weights of its shape that they cannot all stay in cache, as a decode step streams its weights; a
+  prefill-sized one, which is compute-bound, on the weight it was called with (its first STREAM_BYTES of
+  output rows, where it is larger: a tied head's table, whose slowest path would otherwise cost a second).
   A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps F.linear without measuring.
   `PATHS.forced("onednn")` or `linear(..., path=...)` pins a path (tests, comparisons).
 
-Autograd (the oneDNN op has no backward), non-CPU tensors, non-contiguous weights and dtypes other than float32
-and bfloat16 always take F.linear. The parameters are nn.Linear's own (`weight` [out, in], `bias`), so
-checkpoints load unchanged.
+Autograd (the oneDNN op has no backward; training keeps the autograd path), non-CPU tensors, non-contiguous
+weights and dtypes other than float32 and bfloat16 always take F.linear. The parameters are nn.Linear's own
+(`weight` [out, in], `bias`), so checkpoints load unchanged.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ from torch.utils import flop_counter
 
 from spec.path_choice import PathChoice
 
-PATHS = PathChoice("torch_impl.linear", ("f_linear", "onednn"))  # the first is the plain path
+PATHS = PathChoice("torch_impl.linear", ("f_linear", "onednn", "upcast"))  # the first is the plain path
 STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
 STREAM_BYTES = 64 << 20  # the weights one such timing pass streams: more than a core's share of cache
 MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
 MIN_CHOICE_BYTES = 256 << 10  # smaller weights (test models) stay in cache and keep F.linear unmeasured
 DTYPES = (torch.float32, torch.bfloat16)
+UPCAST_BYTES = 4 << 20  # float32 weight rows the upcast path converts at a time: a block that stays in cache
 
 
 @functools.cache
@@ -75,18 +81,40 @@ def _onednn(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     return torch.ops.mkldnn._linear_pointwise(x2.contiguous(), weight, bias, "none", [], "")
 
 
-def has_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """True when both paths can compute `linear(x, weight, bias)`: CPU tensors of one dtype (float32 or
-    bfloat16) with oneDNN available for it, a contiguous weight, and no gradient to record."""
+def _upcast(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    x32 = x2.float()  # [tokens, in]
+    out = torch.empty(x2.shape[0], weight.shape[0], dtype=x2.dtype)  # [tokens, out]
+    step = max(1, UPCAST_BYTES // (4 * weight.shape[1]))  # weight rows per float32 block
+    for s in range(0, weight.shape[0], step):
+        b = None if bias is None else bias[s : s + step].float()
+        out[:, s : s + step] = F.linear(x32, weight[s : s + step].float(), b)  # rounded once, on assignment
+    return out
+
+
+FORMS = {"f_linear": F.linear, "onednn": _onednn, "upcast": _upcast}
+
+
+def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[str, ...]:
+    """The paths that can compute `linear(x, weight, bias)`, F.linear first. More than one only for CPU tensors
+    of one dtype (float32 or bfloat16), a contiguous weight and no gradient to record: oneDNN where this build
+    runs it for the dtype, the upcast for bfloat16."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return (
+    if not (
         all(t.device.type == "cpu" and t.dtype == x.dtype for t in tensors)
         and x.dtype in DTYPES
         and not needs_grad
         and weight.is_contiguous()
-        and _onednn_available(x.dtype)
-    )
+    ):
+        return ("f_linear",)
+    onednn = ("onednn",) if _onednn_available(x.dtype) else ()
+    upcast = ("upcast",) if x.dtype == torch.bfloat16 else ()
+    return ("f_linear", *onednn, *upcast)
+
+
+def has_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """True when more than one path can compute `linear(x, weight, bias)` (forms_for names them)."""
+    return len(forms_for(x, weight, bias)) > 1
 
 
 @functools.cache
@@ -95,31 +123,29 @@ def _arena(dtype: torch.dtype) -> torch.Tensor:
     return torch.ones(STREAM_BYTES // dtype.itemsize, dtype=dtype)
 
 
-def _candidates(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, Callable[[], object]]:
-    """One timing pass per path (see the docstring). Few rows: the product over distinct weights of this shape
-    that together stream STREAM_BYTES (a weight larger than that: its first STREAM_BYTES of output rows, a view).
-    Many rows: the product with the weight it was called with."""
+def _candidates(
+    paths: tuple[str, ...], x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> dict[str, Callable[[], object]]:
+    """One timing pass per path (see the docstring). A weight larger than STREAM_BYTES: its first STREAM_BYTES of
+    output rows (a view). Else few rows: the product over distinct weights of this shape that together stream
+    STREAM_BYTES; many rows: the product with the weight it was called with."""
     row_bytes = weight.shape[1] * weight.element_size()
-    if x2.shape[0] > STREAM_ROWS:
-        weights, b = [weight], bias
-    elif weight.shape[0] * row_bytes >= STREAM_BYTES:
+    if weight.shape[0] * row_bytes >= STREAM_BYTES:
         out = max(1, STREAM_BYTES // row_bytes)
         weights, b = [weight[:out]], None if bias is None else bias[:out]
+    elif x2.shape[0] > STREAM_ROWS:
+        weights, b = [weight], bias
     else:
         copies = max(1, min(MAX_COPIES, STREAM_BYTES // (weight.shape[0] * row_bytes)))
         arena = _arena(weight.dtype)[: copies * weight.numel()]
         weights, b = arena.view(copies, *weight.shape).unbind(0), bias
     x2 = x2.contiguous()
 
-    def f_linear() -> None:
+    def run(form: Callable) -> None:
         for w in weights:
-            F.linear(x2, w, b)
+            form(x2, w, b)
 
-    def onednn() -> None:
-        for w in weights:
-            _onednn(x2, w, b)
-
-    return {"f_linear": f_linear, "onednn": onednn}
+    return {path: functools.partial(run, FORMS[path]) for path in paths}
 
 
 def rows_key(rows: int) -> int:
@@ -133,13 +159,17 @@ def rows_key(rows: int) -> int:
 def path_of(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> str:
     """The path `linear(x, weight, bias)` takes: forced, chosen before for its key, or measured now."""
     x2 = x.reshape(-1, x.shape[-1])
-    if not has_choice(x2, weight, bias):
+    paths = forms_for(x2, weight, bias)
+    if len(paths) == 1:
         return "f_linear"
-    if weight.numel() * weight.element_size() < MIN_CHOICE_BYTES and PATHS.forced_path() is None:
+    forced = PATHS.forced_path()
+    if forced is not None:
+        return forced if forced in paths else "f_linear"
+    if weight.numel() * weight.element_size() < MIN_CHOICE_BYTES:
         return "f_linear"  # a weight that stays in cache: nothing to stream, nothing worth measuring
     dtype = str(x.dtype).removeprefix("torch.")
     key = (rows_key(x2.shape[0]), weight.shape[1], weight.shape[0], dtype, bias is not None)
-    return PATHS.choose(key, lambda: _candidates(x2, weight, bias))
+    return PATHS.choose(key, lambda: _candidates(paths, x2, weight, bias))
 
 
 def linear(
@@ -147,14 +177,15 @@ def linear(
 ) -> torch.Tensor:
     """x [..., in] @ weight[out, in]^T (+ bias) -> [..., out], computed as one [tokens, in] product.
 
-    `path` ("f_linear" or "onednn") pins the library where both apply; None takes the measured choice.
+    `path` ("f_linear", "onednn" or "upcast") pins the path where it applies (else F.linear); None takes the
+    measured choice.
     """
     x2 = x.reshape(-1, x.shape[-1])  # [tokens, in]
     if path is None:
         path = path_of(x2, weight, bias)
-    elif PATHS.check(path) == "onednn" and not has_choice(x2, weight, bias):
-        path = "f_linear"  # autograd, another device or dtype: only F.linear applies
-    out = _onednn(x2, weight, bias) if path == "onednn" else F.linear(x2, weight, bias)  # [tokens, out]
+    elif PATHS.check(path) not in forms_for(x2, weight, bias):
+        path = "f_linear"  # autograd, another device or dtype, no oneDNN: F.linear applies
+    out = FORMS[path](x2, weight, bias)  # [tokens, out]
     return out.view(*x.shape[:-1], out.shape[-1])  # [..., out]
 
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torch_impl.linear as torch_linear
 from parity.tolerances import TOLERANCES
-from torch_impl.linear import PATHS, Linear, _onednn_available, has_choice, linear, path_of
+from torch_impl.linear import PATHS, Linear, _onednn_available, has_choice, linear, path_of, forms_for
 
 MAX_REL = TOLERANCES["float32"].max_rel  # reordered float32 sums, the table's reviewed bound
 BF16_REL = 2.0**-7  # a bfloat16 result rounds to 8 significant bits; the products accumulate in float32
@@ -44,7 +45,7 @@ def test_linear_matches_float64_product(path, lead, bias):
     assert max_rel(got, want) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn"])
+@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast"])
 def test_bfloat16_paths_match_float64_product(path):
     gen = torch.Generator().manual_seed(5)
     x, w = torch.randn(1, 96, generator=gen).bfloat16(), torch.randn(40, 96, generator=gen).bfloat16()
@@ -59,7 +60,9 @@ def test_which_products_have_a_choice():
     onednn = _onednn_available(torch.float32)
     with torch.inference_mode():
         assert has_choice(x, w) is onednn
-        assert has_choice(x.bfloat16(), w.bfloat16()) is _onednn_available(torch.bfloat16)
+        assert forms_for(x, w) == ("f_linear", "onednn") if onednn else ("f_linear",)
+        bf16_onednn = ("onednn",) if _onednn_available(torch.bfloat16) else ()
+        assert forms_for(x.bfloat16(), w.bfloat16()) == ("f_linear", *bf16_onednn, "upcast")  # upcast: always
         assert not has_choice(x.half(), w.half())  # F.linear only
         assert not has_choice(x, w.T.contiguous().T)  # a transposed view: F.linear handles the strides
         assert not has_choice(x, w.double())  # mixed dtypes: F.linear decides what that means
@@ -81,7 +84,7 @@ def test_choice_is_measured_once_per_shape(fresh_choices):
         (key,) = fresh_choices.chosen()
         assert key == (1, 256, 320, "float32", True)
         choice = fresh_choices.chosen()[key]
-        assert set(choice.seconds) == set(PATHS.paths) and choice.cost > 0
+        assert set(choice.seconds) == set(forms_for(x, w, b)) and choice.cost > 0  # every path that applies
         assert [path_of(x.view(1, 1, 256), w, b) for _ in range(3)] == [first] * 3  # leading dims: the same key
         assert fresh_choices.chosen() == {key: choice}  # not measured again
         path_of(torch.randn(2, 256), w, b)  # another row count: its own measurement
@@ -98,11 +101,11 @@ def test_rows_key_is_exact_for_streaming_products_and_bucketed_above():
     assert [rows_key(r) for r in (STREAM_ROWS + 1, 16, 17, 100, 128, 129, 4096)] == [16, 16, 32, 128, 128, 256, 4096]
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn"])
+@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast"])
 def test_forced_path_applies_without_measuring(fresh_choices, path):
     x, w = torch.randn(3, 16), torch.randn(8, 16)
     with torch.inference_mode(), PATHS.forced(path):
-        want = path if has_choice(x, w) else "f_linear"
+        want = path if path in forms_for(x, w) else "f_linear"  # float32: no upcast
         assert path_of(x, w) == want
         layer = Linear(16, 8, bias=True)  # the module's products follow the pin too
         want_out = x.double() @ layer.weight.double().T + layer.bias.double()
@@ -133,12 +136,15 @@ def test_non_contiguous_input(path):
         assert max_rel(linear(x, w, path=path), x.double() @ w.double().T) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn"])
-def test_flop_counter_sees_every_path(path):
-    """FlopCounterMode counts 2 * tokens * out * in whichever library runs the product."""
+@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast"])
+def test_flop_counter_sees_every_path(path, monkeypatch):
+    """FlopCounterMode counts 2 * tokens * out * in whichever library runs the product (the upcast in blocks)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    monkeypatch.setattr(torch_linear, "UPCAST_BYTES", 4 * 37 * 10)  # 10 rows a block: 6 blocks
     x, w = torch.randn(3, 37), torch.randn(53, 37)
+    if path == "upcast":
+        x, w = x.bfloat16(), w.bfloat16()
     for grad in (False, True):
         with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
             linear(x, w.requires_grad_(grad), path=path)
@@ -156,3 +162,29 @@ def test_without_onednn_falls_back_to_f_linear(monkeypatch, fresh_choices):
         assert fresh_choices.chosen() == {}  # nothing to choose between: nothing measured
     finally:
         _onednn_available.cache_clear()  # the next caller probes the real build again
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_upcast_in_blocks_is_exact_where_the_product_is(monkeypatch, bias):
+    """bfloat16 small integers: every product and sum is exact in float32 and in bfloat16, so the upcast gives
+    F.linear's bits whatever the blocking; 53 output rows in blocks of 10 leave a last block of 3."""
+    monkeypatch.setattr(torch_linear, "UPCAST_BYTES", 4 * 37 * 10)
+    x = (torch.arange(4 * 37) % 5 - 2).view(4, 37).bfloat16()  # [4, 37], values in -2..2
+    w = (torch.arange(53 * 37) % 7 - 3).view(53, 37).bfloat16()  # [53, 37], values in -3..3
+    b = torch.arange(53).bfloat16() - 26 if bias else None
+    with torch.inference_mode():
+        got = linear(x, w, b, path="upcast")
+        assert got.dtype == torch.bfloat16 and got.shape == (4, 53)
+        assert torch.equal(got, F.linear(x.float(), w.float(), None if b is None else b.float()).bfloat16())
+
+
+def test_upcast_in_blocks_matches_float64_product(monkeypatch):
+    """Random bfloat16 operands and bias over 6 blocks of 7 weight rows (the last of 6): within one bfloat16
+    rounding of the float64 product, as every path."""
+    monkeypatch.setattr(torch_linear, "UPCAST_BYTES", 4 * 96 * 7)
+    gen = torch.Generator().manual_seed(3)
+    x, w = torch.randn(5, 96, generator=gen).bfloat16(), torch.randn(41, 96, generator=gen).bfloat16()
+    b = torch.randn(41, generator=gen).bfloat16()
+    with torch.inference_mode():
+        got = linear(x, w, b, path="upcast")
+    assert max_rel(got, x.double() @ w.double().T + b.double()) <= BF16_REL

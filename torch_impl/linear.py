@@ -82,6 +82,8 @@ def _onednn(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
 
 
 def _upcast(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """bfloat16 storage, float32 compute: a float32 copy of the whole weight would be written to memory and read
+    back; one block of rows at a time stays in cache. Each block's float32 result is rounded once."""
     x32 = x2.float()  # [tokens, in]
     out = torch.empty(x2.shape[0], weight.shape[0], dtype=x2.dtype)  # [tokens, out]
     step = max(1, UPCAST_BYTES // (4 * weight.shape[1]))  # weight rows per float32 block

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import torch_impl.linear as torch_linear
 from parity.tolerances import TOLERANCES
-from torch_impl.linear import PATHS, Linear, _onednn_available, has_choice, linear, path_of, forms_for
+from torch_impl.linear import PATHS, Linear, _onednn_available, forms_for, has_choice, linear, path_of
 
 MAX_REL = TOLERANCES["float32"].max_rel  # reordered float32 sums, the table's reviewed bound
 BF16_REL = 2.0**-7  # a bfloat16 result rounds to 8 significant bits; the products accumulate in float32

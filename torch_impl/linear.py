@@ -9,7 +9,10 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
   build for float32) or through oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the op
   torch.compile's CPU backend emits), and a bfloat16 one also as "upcast": bfloat16 storage, float32
   compute, the weight converted UPCAST_BYTES of rows at a time into a float32 block that stays in cache and
-  multiplied by float32 GEMM, the result rounded once. On a processor without bfloat16 instructions (AVX2) the
+  multiplied by float32 GEMM, the result rounded once; and a product of few rows (a decode step's) also through
+  the project's own CPU kernel ("gemv", kernels/cpu/gemv.c: one pass over the weight, float32 or bfloat16
+  storage, float32 compute), where the libraries' matrix-vector code streams a chain of decode-sized weights
+  below what the machine can read (docs/benchmarks.md). On a processor without bfloat16 instructions (AVX2) the
   libraries' bfloat16 GEMM is several times slower than that; with them (AVX512_BF16, AMX) several times
   faster (docs/benchmarks.md). Every path accumulates in float32 and computes x @ W^T + b up to summation
   order; which is faster depends on the processor (MKL's GEMV is slow on some AMD processors and the faster
@@ -22,9 +25,9 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
   A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps F.linear without measuring.
   `PATHS.forced("onednn")` or `linear(..., path=...)` pins a path (tests, comparisons).
 
-Autograd (the oneDNN op has no backward; training keeps the autograd path), non-CPU tensors, non-contiguous
-weights and dtypes other than float32 and bfloat16 always take F.linear. The parameters are nn.Linear's own
-(`weight` [out, in], `bias`), so checkpoints load unchanged.
+Autograd (neither the oneDNN op nor the kernel has a backward; training keeps the autograd path), non-CPU tensors,
+non-contiguous weights and dtypes other than float32 and bfloat16 always take F.linear. The parameters are
+nn.Linear's own (`weight` [out, in], `bias`), so checkpoints load unchanged.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils import flop_counter
 
+from kernels.cpu import torch_gemv
 from spec.path_choice import PathChoice
 
-PATHS = PathChoice("torch_impl.linear", ("f_linear", "onednn", "upcast"))  # the first is the plain path
+PATHS = PathChoice("torch_impl.linear", ("f_linear", "onednn", "upcast", "gemv"))  # the first is the plain path
 STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
 STREAM_BYTES = 64 << 20  # the weights one such timing pass streams: more than a core's share of cache
 MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
@@ -93,13 +97,14 @@ def _upcast(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     return out
 
 
-FORMS = {"f_linear": F.linear, "onednn": _onednn, "upcast": _upcast}
+FORMS = {"f_linear": F.linear, "onednn": _onednn, "upcast": _upcast, "gemv": torch_gemv.gemv}
 
 
 def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[str, ...]:
     """The paths that can compute `linear(x, weight, bias)`, F.linear first. More than one only for CPU tensors
     of one dtype (float32 or bfloat16), a contiguous weight and no gradient to record: oneDNN where this build
-    runs it for the dtype, the upcast for bfloat16."""
+    runs it for the dtype, the upcast for bfloat16, the CPU kernel for at most its MAX_ROWS token rows where it
+    was built (kernels/cpu/torch_gemv.py)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if not (
@@ -111,7 +116,8 @@ def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         return ("f_linear",)
     onednn = ("onednn",) if _onednn_available(x.dtype) else ()
     upcast = ("upcast",) if x.dtype == torch.bfloat16 else ()
-    return ("f_linear", *onednn, *upcast)
+    gemv = ("gemv",) if torch_gemv.supports(x.reshape(-1, x.shape[-1]), weight, bias) else ()
+    return ("f_linear", *onednn, *upcast, *gemv)
 
 
 def has_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -179,7 +185,7 @@ def linear(
 ) -> torch.Tensor:
     """x [..., in] @ weight[out, in]^T (+ bias) -> [..., out], computed as one [tokens, in] product.
 
-    `path` ("f_linear", "onednn" or "upcast") pins the path where it applies (else F.linear); None takes the
+    `path` ("f_linear", "onednn", "upcast" or "gemv") pins the path where it applies (else F.linear); None takes the
     measured choice.
     """
     x2 = x.reshape(-1, x.shape[-1])  # [tokens, in]

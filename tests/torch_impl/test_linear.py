@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import torch_impl.linear as torch_linear
 from parity.tolerances import TOLERANCES
+from kernels.cpu import torch_gemv
 from torch_impl.linear import PATHS, Linear, _onednn_available, forms_for, has_choice, linear, path_of
 
 MAX_REL = TOLERANCES["float32"].max_rel  # reordered float32 sums, the table's reviewed bound
@@ -30,8 +31,8 @@ def fresh_choices():
     PATHS._chosen.update(saved)
 
 
-@pytest.mark.parametrize("path", [None, "f_linear", "onednn"])  # None: the measured choice
-@pytest.mark.parametrize("lead", [(1,), (3,), (2, 5), (1, 1, 7)])
+@pytest.mark.parametrize("path", [None, "f_linear", "onednn", "gemv"])  # None: the measured choice
+@pytest.mark.parametrize("lead", [(1,), (3,), (2, 5), (1, 1, 7), (3, 4)])  # 12 rows: past the kernel's 8
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_matches_float64_product(path, lead, bias):
     gen = torch.Generator().manual_seed(0)
@@ -45,7 +46,7 @@ def test_linear_matches_float64_product(path, lead, bias):
     assert max_rel(got, want) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast"])
+@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv"])
 def test_bfloat16_paths_match_float64_product(path):
     gen = torch.Generator().manual_seed(5)
     x, w = torch.randn(1, 96, generator=gen).bfloat16(), torch.randn(40, 96, generator=gen).bfloat16()
@@ -57,25 +58,28 @@ def test_bfloat16_paths_match_float64_product(path):
 
 def test_which_products_have_a_choice():
     x, w = torch.randn(2, 8), torch.randn(4, 8)
-    onednn = _onednn_available(torch.float32)
+    onednn = ("onednn",) if _onednn_available(torch.float32) else ()
+    gemv = ("gemv",) if torch_gemv.available() else ()  # built where the processor and a C compiler allow
     with torch.inference_mode():
-        assert has_choice(x, w) is onednn
-        assert forms_for(x, w) == ("f_linear", "onednn") if onednn else ("f_linear",)
+        assert has_choice(x, w) is bool(onednn or gemv)
+        assert forms_for(x, w) == ("f_linear", *onednn, *gemv)
+        assert forms_for(x.view(1, 2, 8), w) == ("f_linear", *onednn, *gemv)  # leading dims: the rows they make
+        assert forms_for(torch.randn(torch_gemv.MAX_ROWS + 1, 8), w) == ("f_linear", *onednn)  # a GEMM
         bf16_onednn = ("onednn",) if _onednn_available(torch.bfloat16) else ()
-        assert forms_for(x.bfloat16(), w.bfloat16()) == ("f_linear", *bf16_onednn, "upcast")  # upcast: always
+        assert forms_for(x.bfloat16(), w.bfloat16()) == ("f_linear", *bf16_onednn, "upcast", *gemv)  # upcast: always
         assert not has_choice(x.half(), w.half())  # F.linear only
         assert not has_choice(x, w.T.contiguous().T)  # a transposed view: F.linear handles the strides
         assert not has_choice(x, w.double())  # mixed dtypes: F.linear decides what that means
     wp = torch.nn.Parameter(w)
-    assert not has_choice(x, wp)  # autograd is recording: the oneDNN op has no backward
+    assert not has_choice(x, wp)  # autograd is recording: neither oneDNN's op nor the kernel has a backward
     with torch.no_grad():
-        assert has_choice(x, wp) is onednn
+        assert has_choice(x, wp) is bool(onednn or gemv)
 
 
 def test_choice_is_measured_once_per_shape(fresh_choices):
     x, w, b = torch.randn(1, 256), torch.randn(320, 256), torch.randn(320)  # 320 KiB: over MIN_CHOICE_BYTES
     if not has_choice(x, w):
-        pytest.skip("this torch build has no usable oneDNN linear: F.linear is the only path")
+        pytest.skip("neither oneDNN's linear nor the CPU kernel runs here: F.linear is the only path")
     with torch.inference_mode():
         assert path_of(x[:, :64], w[:24, :64].contiguous()) == "f_linear"  # 6 KiB: stays in cache, not measured
         assert fresh_choices.chosen() == {}
@@ -101,7 +105,7 @@ def test_rows_key_is_exact_for_streaming_products_and_bucketed_above():
     assert [rows_key(r) for r in (STREAM_ROWS + 1, 16, 17, 100, 128, 129, 4096)] == [16, 16, 32, 128, 128, 256, 4096]
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast"])
+@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv"])
 def test_forced_path_applies_without_measuring(fresh_choices, path):
     x, w = torch.randn(3, 16), torch.randn(8, 16)
     with torch.inference_mode(), PATHS.forced(path):
@@ -128,7 +132,7 @@ def test_gradients_flow_through_the_autograd_path():
     torch.testing.assert_close(layer.weight.grad, w_ref.grad)
 
 
-@pytest.mark.parametrize("path", [None, "f_linear", "onednn"])
+@pytest.mark.parametrize("path", [None, "f_linear", "onednn", "gemv"])
 def test_non_contiguous_input(path):
     x = torch.randn(37, 6).T  # [6, 37], a transposed view
     w = torch.randn(5, 37)
@@ -136,7 +140,7 @@ def test_non_contiguous_input(path):
         assert max_rel(linear(x, w, path=path), x.double() @ w.double().T) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast"])
+@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv"])
 def test_flop_counter_sees_every_path(path, monkeypatch):
     """FlopCounterMode counts 2 * tokens * out * in whichever library runs the product (the upcast in blocks)."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -151,14 +155,16 @@ def test_flop_counter_sees_every_path(path, monkeypatch):
         assert counter.get_total_flops() == 2 * 3 * 53 * 37
 
 
-def test_without_onednn_falls_back_to_f_linear(monkeypatch, fresh_choices):
+def test_without_onednn_or_the_kernel_falls_back_to_f_linear(monkeypatch, fresh_choices):
     _onednn_available.cache_clear()
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setattr(torch_gemv, "available", lambda: False)  # no compiler, no AVX2: kernels/cpu/build.py
     try:
         x, w = torch.randn(4, 37), torch.randn(53, 37)
         with torch.inference_mode():
             assert not has_choice(x, w) and path_of(x, w) == "f_linear"
-            assert max_rel(linear(x, w, path="onednn"), x.double() @ w.double().T) <= MAX_REL
+            for path in ("onednn", "gemv"):
+                assert max_rel(linear(x, w, path=path), x.double() @ w.double().T) <= MAX_REL
         assert fresh_choices.chosen() == {}  # nothing to choose between: nothing measured
     finally:
         _onednn_available.cache_clear()  # the next caller probes the real build again

@@ -1,0 +1,120 @@
+"""Compiling and loading the CPU kernels (kernels/cpu/gemv.c, and its XLA binding gemv_ffi.cc for JAX).
+
+The kernels are C, compiled on the machine that runs them at first use, with its C compiler, into the project's
+cache directory (spec.default_cache_dir(): $XDG_CACHE_HOME/decoder-parity), under a name that hashes the sources
+and the flags, so an edited source is rebuilt and a built one is reused by every later process (a compile is
+0.3-3 s). Written to a temporary name and renamed: two processes building at once never load a half-written file.
+
+Where a kernel cannot be had -- not x86-64, no AVX2 and FMA, no compiler, a failed compile -- `load` returns None
+and `unavailable(name)` says why; the backends then offer only their library paths (torch_impl/linear.py,
+jax_impl/linear.py), so nothing needs the kernels to run. Framework-neutral: imports neither torch nor jax.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from spec.default import default_cache_dir
+
+HERE = Path(__file__).resolve().parent
+C_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+CXX_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
+REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what gemv.c is compiled for
+
+_why: dict[str, str] = {}
+
+
+def cpu_flags() -> frozenset[str]:
+    """The processor's feature flags as Linux reports them (empty where /proc/cpuinfo is not there)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for row in text.splitlines():
+        if row.startswith("flags"):
+            return frozenset(row.split(":", 1)[1].split())
+    return frozenset()
+
+
+def unavailable(name: str) -> str | None:
+    """Why the library `name` could not be loaded in this process, or None (loaded, or not asked for yet)."""
+    return _why.get(name)
+
+
+@functools.cache
+def load(name: str, include_dirs: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The compiled library `name` ("gemv": gemv.c alone; "gemv_xla": gemv.c with the XLA FFI handlers of
+    gemv_ffi.cc, which need XLA's FFI headers in `include_dirs`), built at first use; None where it cannot be."""
+    sources = {"gemv": ("gemv.c",), "gemv_xla": ("gemv.c", "gemv_ffi.cc")}[name]
+    reason = _unsupported()
+    if reason is None:
+        try:
+            path = _build(name, sources, include_dirs)
+            return ctypes.CDLL(str(path))
+        except (OSError, subprocess.CalledProcessError) as err:
+            reason = f"building {name} failed: {_last_lines(err)}"
+    _why[name] = reason
+    return None
+
+
+def _unsupported() -> str | None:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the CPU kernels are x86-64 code; this is {platform.machine()}"
+    missing = [flag for flag in REQUIRED_FLAGS if flag not in cpu_flags()]
+    if missing:
+        return f"the processor lacks {', '.join(missing)}"
+    if _compiler("c") is None:
+        return "no C compiler (cc, gcc or clang) on PATH"
+    return None
+
+
+def _compiler(language: str) -> str | None:
+    names = ("cc", "gcc", "clang") if language == "c" else ("c++", "g++", "clang++")
+    return next((found for found in map(shutil.which, names) if found), None)
+
+
+def _build(name: str, sources: tuple[str, ...], include_dirs: tuple[str, ...]) -> Path:
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update((HERE / source).read_bytes())
+    for part in (*C_FLAGS, *CXX_FLAGS, *include_dirs):
+        digest.update(part.encode())
+    out_dir = default_cache_dir() / "kernels"
+    target = out_dir / f"lib{name}-{digest.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        objects = []
+        for source in sources:
+            cxx = source.endswith(".cc")
+            compiler = _compiler("c++" if cxx else "c")
+            if compiler is None:
+                raise OSError(f"no C++ compiler to build {source}")
+            obj = Path(tmp) / f"{source}.o"
+            flags = [f for f in (CXX_FLAGS if cxx else C_FLAGS) if f != "-shared"]
+            includes = [f"-I{d}" for d in include_dirs]
+            _run([compiler, *flags, *includes, "-c", str(HERE / source), "-o", str(obj)])
+            objects.append(str(obj))
+        linker = _compiler("c++") if any(s.endswith(".cc") for s in sources) else _compiler("c")
+        partial = Path(tmp) / target.name
+        _run([linker, "-shared", "-fopenmp", *objects, "-o", str(partial)])
+        os.replace(partial, target)
+    return target
+
+
+def _run(command: list[str]) -> None:
+    subprocess.run(command, check=True, capture_output=True, text=True)
+
+
+def _last_lines(err: Exception) -> str:
+    text = getattr(err, "stderr", None) or str(err)
+    return " | ".join(text.strip().splitlines()[-3:])

@@ -1,0 +1,104 @@
+"""PyTorch launcher of the CPU few-row product (kernels/cpu/gemv.c): `gemv(x2, weight, bias)` = x2 @ weight^T + bias.
+
+torch_impl/linear.py offers it as the path "gemv" beside F.linear and oneDNN, chosen by measurement. The kernel
+reads the torch layout (weight [out, in], the "rows" kernels) in float32 or bfloat16 and accumulates in float32;
+the result is rounded once to the operands' dtype, like every other path. Called through ctypes on the tensors'
+memory: the library is loaded after torch, so its OpenMP team is torch's own (the same libgomp.so.1), sized by
+torch.set_num_threads. The call is registered as the operator `torch.ops.decoder_parity.gemv` (CPU), taken whenever a
+dispatch mode (FlopCounterMode) or the profiler is active, so they see it like any other product. Inference only (no
+autograd), CPU tensors only: `supports` says when it applies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch.utils import flop_counter
+
+from kernels.cpu import build
+
+MAX_ROWS = 8  # gemv.c's MAX_ROWS: more token rows are a GEMM, the libraries' ground
+_P, _L = ctypes.c_void_p, ctypes.c_long
+
+
+@functools.cache
+def _functions() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
+    lib = build.load("gemv")
+    if lib is None:
+        return None
+    table = {torch.float32: lib.gemv_rows_f32, torch.bfloat16: lib.gemv_rows_bf16}
+    for fn in table.values():
+        fn.argtypes, fn.restype = [_P, _P, _P, _P, _L, _L, _L], None
+    if lib.gemv_max_rows() != MAX_ROWS:
+        raise RuntimeError(f"kernels/cpu/gemv.c MAX_ROWS {lib.gemv_max_rows()} != torch_gemv.MAX_ROWS {MAX_ROWS}")
+    return table
+
+
+def available() -> bool:
+    """Whether the kernel runs here (see kernels.cpu.build.unavailable("gemv") for why not)."""
+    return _functions() is not None
+
+
+def supports(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """x2 [rows <= MAX_ROWS, in], weight [out, in] contiguous, one dtype (float32 or bfloat16), all on the CPU."""
+    tensors = (x2, weight) if bias is None else (x2, weight, bias)
+    return (
+        x2.dim() == 2
+        and weight.dim() == 2
+        and 0 < x2.shape[0] <= MAX_ROWS
+        and x2.shape[1] == weight.shape[1]
+        and (bias is None or bias.shape == (weight.shape[0],))
+        and weight.is_contiguous()
+        and all(t.device.type == "cpu" and t.dtype == weight.dtype for t in tensors)
+        and weight.dtype in (torch.float32, torch.bfloat16)
+        and available()
+    )
+
+
+def gemv(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x2 [rows, in] @ weight[out, in]^T (+ bias) -> [rows, out] in x2's dtype; a ValueError naming the tensor
+    where `supports` does not hold."""
+    if not supports(x2, weight, bias):
+        raise ValueError(
+            f"gemv: x {tuple(x2.shape)} {x2.dtype} {x2.device}, weight {tuple(weight.shape)} {weight.dtype} "
+            f"(contiguous: {weight.is_contiguous()}), bias {None if bias is None else tuple(bias.shape)}: needs CPU "
+            f"float32/bfloat16 tensors of one dtype, x [rows <= {MAX_ROWS}, in], weight [out, in] contiguous "
+            f"(kernel available: {available()}; {build.unavailable('gemv') or 'built'})"
+        )
+    if not torch._C._len_torch_dispatch_stack() and not torch.autograd.profiler._is_profiler_enabled:
+        return _run(x2, weight, bias)  # nobody to see the operator: its dispatch alone costs ~10 us a call
+    return _operator()(x2, weight, bias)
+
+
+def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    x32 = x2.float().contiguous()  # [rows, in]: a copy only where x2 is bf16 or strided (a few KB)
+    b32 = None if bias is None else bias.float().contiguous()
+    out = torch.empty(x2.shape[0], weight.shape[0], dtype=torch.float32)  # [rows, out]
+    _functions()[weight.dtype](
+        x32.data_ptr(), weight.data_ptr(), None if b32 is None else b32.data_ptr(), out.data_ptr(),
+        x2.shape[0], x2.shape[1], weight.shape[0],
+    )  # fmt: skip
+    return out if x2.dtype == torch.float32 else out.to(x2.dtype)
+
+
+def _gemv_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    """x [rows, in] @ w[out, in]^T: 2 * rows * out * in, as FlopCounterMode counts aten.mm."""
+    return 2 * x_shape[0] * w_shape[0] * x_shape[1]
+
+
+@functools.cache
+def _operator():
+    """torch.ops.decoder_parity.gemv, defined once per process (a CPU kernel, no autograd formula)."""
+    library = torch.library.Library("decoder_parity", "DEF")
+    library.define("gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+    library.impl("gemv", _run, "CPU")
+    _LIBRARIES.append(library)  # a Library unregisters its operators when collected
+    op = torch.ops.decoder_parity.gemv
+    flop_counter.register_flop_formula(op)(_gemv_flops)
+    return op
+
+
+_LIBRARIES: list[torch.library.Library] = []
+_operator()  # at import: FlopCounterMode copies the FLOP formulas when it is created, maybe before the first call

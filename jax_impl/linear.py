@@ -18,6 +18,10 @@ lowers it, which depends on the processor and the dtype. Three forms compute it:
   (which reads bfloat16 weights as they are) instead of its matrix-vector code; the padding row's result is
   dropped. Not offered in float32, where the matrix-vector code reads the weight directly and two-row
   products streamed slower than one-row ones on both processor families measured (docs/benchmarks.md).
+- gemv: the project's own CPU kernel (kernels/cpu/gemv.c through an XLA custom call, kernels/cpu/jax_gemv.py),
+  one pass over the weight in its stored layout and dtype (bfloat16 widened as it is read), float32 compute,
+  for up to CHOICE_MAX_ROWS rows where it was built: XLA's matrix-vector code streams a chain of decode-sized
+  weights below what the machine reads (docs/benchmarks.md).
 
 None is fixed: the first trace of each (rows, in, out, dtype, layout) key asks `PATHS` (spec/path_choice.py),
 which compiles the forms that apply as small programs of their own and times them outside the trace
@@ -48,9 +52,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kernels.cpu import jax_gemv
 from spec.path_choice import PathChoice
 
-PATHS = PathChoice("jax_impl.linear", ("dot", "split", "pad"))  # the first is the plain path
+PATHS = PathChoice("jax_impl.linear", ("dot", "split", "pad", "gemv"))  # the first is the plain path
 SPLIT_CHUNKS = 8  # row blocks of W in the split form
 CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight and has a choice; more keep the dot
 STREAM_BYTES = 64 << 20  # the weights one timing pass streams: more than a core's share of cache
@@ -73,7 +78,7 @@ def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=No
     float32 or bfloat16 products of at most CHOICE_MAX_ROWS token rows, unsharded.
 
     split: float32 x @ W[in, out] with in-features that make SPLIT_CHUNKS equal blocks; pad: a single bfloat16
-    row."""
+    row; gemv: where the CPU kernel was built."""
     axis = _contracted(lhs, rhs, dimension_numbers)
     rows = math.prod(lhs.shape[:-1])
     if not (
@@ -89,7 +94,9 @@ def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=No
     f32 = jnp.dtype(lhs.dtype) == jnp.float32  # see the docstring for why each form has its dtype
     split = ("split",) if f32 and axis == 0 and rhs.shape[0] % SPLIT_CHUNKS == 0 else ()
     pad = ("pad",) if rows == 1 and not f32 else ()
-    return ("dot", *split, *pad)
+    x2 = jax.ShapeDtypeStruct((rows, lhs.shape[-1]), lhs.dtype)
+    gemv = ("gemv",) if jax_gemv.supports(x2, rhs, "cols" if axis == 0 else "rows") else ()
+    return ("dot", *split, *pad, *gemv)
 
 
 def has_choice(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=None) -> bool:
@@ -137,7 +144,13 @@ def _pad(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_element
     return out[:1].astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], -1)  # [..., out]
 
 
-FORMS = {"dot": _single, "split": _split, "pad": _pad}
+def _gemv(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_element_type) -> jax.Array:
+    x = lhs.reshape(-1, lhs.shape[-1])  # [m, in]
+    out = jax_gemv.gemv(x, rhs, "cols" if axis == 0 else "rows")  # [m, out], float32: full precision
+    return out.astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], -1)  # [..., out]
+
+
+FORMS = {"dot": _single, "split": _split, "pad": _pad, "gemv": _gemv}
 
 
 @functools.cache
@@ -235,7 +248,7 @@ def dot_general(
     path: str | None = None,
 ) -> jax.Array:
     """jax.lax.dot_general, except that x[..., in] @ W[in, out] (or W[out, in]^T) with few rows takes the form
-    chosen for its shape. `path` ("dot", "split", "pad") pins a form where it applies (else the single dot);
+    chosen for its shape. `path` ("dot", "split", "pad", "gemv") pins a form where it applies (else the single dot);
     None takes the measured one."""
     if path is None:
         path = path_of(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding)

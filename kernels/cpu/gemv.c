@@ -7,17 +7,25 @@
  *   cols  W [in, out]  (Flax's nnx.Linear kernel):                y[r, :] = sum_i x[r, i] * W[i, :]
  * and two weight dtypes: float32, and bfloat16 widened to float32 as it is loaded (bf16 storage, float32
  * compute: the bits shifted left by 16, exact). x, b and y are float32; every product accumulates in float32
- * and the caller rounds y once to the model's dtype. Each thread of the OpenMP team owns a contiguous share of
- * the weight (rows: a block of output rows; cols: a block of output columns), so the weight streams through
- * each core once and the summation order of an output never depends on the thread count.
+ * and the caller rounds y once to the model's dtype.
+ *
+ * Each product is cut into `parts` (NAME_part computes part `part`): rows, a span of output-row tiles; cols, a
+ * span of the contraction's CHUNKS, whose partial sums gemv_cols_reduce_part then adds in chunk order over a span
+ * of output columns. The cut is the caller's thread count, but no output's summation order depends on it. Two
+ * drivers: NAME runs the parts on an OpenMP team (torch's own when torch loaded it first: kernels/cpu/
+ * torch_gemv.py); gemv_ffi.cc runs them on XLA's intra-op thread pool, so the kernel never competes with it.
  *
  * AVX2 + FMA; build.py compiles this only where the processor has both. Any shape: tails are scalar.
  */
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 enum { ROW_TILE = 4, MAX_ROWS = 8 };
+
+void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long m, long in, long out, long part,
+                           long parts);
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -38,90 +46,119 @@ static inline float load1_bf16(const uint16_t *w) {
     return v.f;
 }
 
+/* part `part` of `parts` of n items: [lo, hi) */
+static inline void span(long n, long part, long parts, long *lo, long *hi) {
+    *lo = n * part / parts;
+    *hi = n * (part + 1) / parts;
+}
+
 /* rows layout: ROW_TILE output rows at a time, each dotted with every x row (the tile stays in L1 across them);
  * the accumulators are named registers (an array indexed by a run-time count would live in memory). */
-#define DEFINE_ROWS(NAME, WT, LOAD8, LOAD1, PREFETCH)                                                                   \
-    void NAME(const float *x, const WT *w, const float *b, float *y, long m, long in, long out) {           \
-        long vec = in / 8 * 8;                                                                              \
-        _Pragma("omp parallel for schedule(static)") for (long o0 = 0; o0 < out; o0 += ROW_TILE) {          \
-            long n = out - o0 < ROW_TILE ? out - o0 : ROW_TILE;                                             \
-            const WT *w0 = w + o0 * in, *w1 = n > 1 ? w0 + in : w0, *w2 = n > 2 ? w0 + 2 * in : w0;         \
-            const WT *w3 = n > 3 ? w0 + 3 * in : w0; /* a short tile repeats its first row; dropped below */  \
-            for (long r = 0; r < m; r++) {                                                                  \
-                const float *xr = x + r * in;                                                               \
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                 \
-                const char *next = (const char *)(w0 + ROW_TILE * in); /* the next tile: contiguous */       \
-                int fetch = PREFETCH && r == 0 && o0 + ROW_TILE < out;                                      \
-                for (long i = 0; i < vec; i += 8) {                                                         \
-                    if (fetch && (i & 15) == 0) { /* 128 bytes of the next tile per 128 of this one */       \
+#define DEFINE_ROWS(NAME, WT, LOAD8, LOAD1, PREFETCH)                                                          \
+    void NAME##_part(const float *x, const WT *w, const float *b, float *y, long m, long in, long out,       \
+                     long part, long parts) {                                                                \
+        long vec = in / 8 * 8, lo, hi;                                                                       \
+        span((out + ROW_TILE - 1) / ROW_TILE, part, parts, &lo, &hi);                                        \
+        for (long o0 = lo * ROW_TILE; o0 < hi * ROW_TILE && o0 < out; o0 += ROW_TILE) {                      \
+            long n = out - o0 < ROW_TILE ? out - o0 : ROW_TILE;                                              \
+            const WT *w0 = w + o0 * in, *w1 = n > 1 ? w0 + in : w0, *w2 = n > 2 ? w0 + 2 * in : w0;          \
+            const WT *w3 = n > 3 ? w0 + 3 * in : w0; /* a short tile repeats its first row; dropped below */ \
+            const char *next = (const char *)(w0 + ROW_TILE * in); /* the next tile: contiguous */          \
+            for (long r = 0; r < m; r++) {                                                                   \
+                const float *xr = x + r * in;                                                                \
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                  \
+                int fetch = PREFETCH && r == 0 && o0 + ROW_TILE < out;                                       \
+                for (long i = 0; i < vec; i += 8) {                                                          \
+                    if (fetch && (i & 15) == 0) { /* 128 bytes of the next tile per 128 of this one */      \
                         _mm_prefetch(next + ROW_TILE * sizeof(WT) * i, _MM_HINT_T0);                         \
                         _mm_prefetch(next + ROW_TILE * sizeof(WT) * i + 64, _MM_HINT_T0);                    \
-                    }                                                                                       \
-                    __m256 xv = _mm256_loadu_ps(xr + i);                                                    \
-                    a0 = _mm256_fmadd_ps(LOAD8(w0 + i), xv, a0);                                            \
-                    a1 = _mm256_fmadd_ps(LOAD8(w1 + i), xv, a1);                                            \
-                    a2 = _mm256_fmadd_ps(LOAD8(w2 + i), xv, a2);                                            \
-                    a3 = _mm256_fmadd_ps(LOAD8(w3 + i), xv, a3);                                            \
-                }                                                                                           \
-                float s[ROW_TILE] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};                               \
-                const WT *rows[ROW_TILE] = {w0, w1, w2, w3};                                                \
-                for (long t = 0; t < n; t++) {                                                              \
-                    for (long j = vec; j < in; j++) s[t] += LOAD1(rows[t] + j) * xr[j];                     \
-                    y[r * out + o0 + t] = b ? s[t] + b[o0 + t] : s[t];                                      \
-                }                                                                                           \
-            }                                                                                               \
-        }                                                                                                   \
+                    }                                                                                        \
+                    __m256 xv = _mm256_loadu_ps(xr + i);                                                     \
+                    a0 = _mm256_fmadd_ps(LOAD8(w0 + i), xv, a0);                                             \
+                    a1 = _mm256_fmadd_ps(LOAD8(w1 + i), xv, a1);                                             \
+                    a2 = _mm256_fmadd_ps(LOAD8(w2 + i), xv, a2);                                             \
+                    a3 = _mm256_fmadd_ps(LOAD8(w3 + i), xv, a3);                                             \
+                }                                                                                            \
+                float s[ROW_TILE] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};                                \
+                const WT *rows[ROW_TILE] = {w0, w1, w2, w3};                                                 \
+                for (long t = 0; t < n; t++) {                                                               \
+                    for (long j = vec; j < in; j++) s[t] += LOAD1(rows[t] + j) * xr[j];                      \
+                    y[r * out + o0 + t] = b ? s[t] + b[o0 + t] : s[t];                                       \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+    }                                                                                                        \
+    void NAME(const float *x, const WT *w, const float *b, float *y, long m, long in, long out) {            \
+        _Pragma("omp parallel") NAME##_part(x, w, b, y, m, in, out, omp_get_thread_num(), omp_get_num_threads()); \
     }
 
-/* cols layout: the contraction split into CHUNKS contiguous blocks of W's rows (a number fixed by the shape,
- * not by the thread count), each streamed sequentially into a partial y of its own; the partials are then summed
- * in block order. Four weight rows per pass over a partial, so it is read and written a quarter as often. */
-static long col_chunks(long in) {
+/* cols layout: the contraction split into gemv_cols_chunks(in) contiguous blocks of W's rows (a number fixed
+ * by the shape), each streamed sequentially into a partial y of its own (partials [chunks, m, out]); the
+ * partials are then summed in chunk order. Four weight rows per pass over a partial, so it is read and written
+ * a quarter as often. */
+long gemv_cols_chunks(long in) {
     long c = in / 128;
     return c < 1 ? 1 : (c > 16 ? 16 : c);
 }
 
-#define DEFINE_COLS(NAME, WT, LOAD8, LOAD1, PREFETCH)                                                                   \
-    void NAME(const float *x, const WT *w, const float *b, float *y, long m, long in, long out) {           \
-        long chunks = col_chunks(in), per = (in + chunks - 1) / chunks, vec = out / 8 * 8;                  \
-        float *part = (float *)aligned_alloc(32, ((chunks * m * out * sizeof(float)) + 31) / 32 * 32);      \
-        _Pragma("omp parallel for schedule(static)") for (long c = 0; c < chunks; c++) {                    \
-            long i0 = c * per, i1 = i0 + per < in ? i0 + per : in;                                          \
-            for (long r = 0; r < m; r++) {                                                                  \
-                float *acc = part + (c * m + r) * out;                                                      \
-                const float *xr = x + r * in;                                                               \
-                for (long j = 0; j < out; j++) acc[j] = 0.0f;                                               \
-                long i = i0;                                                                                \
-                for (; i + 4 <= i1; i += 4) {                                                               \
-                    const WT *w0 = w + i * out, *w1 = w0 + out, *w2 = w1 + out, *w3 = w2 + out;             \
-                    const char *next = (const char *)(w3 + out); /* the next four rows: contiguous */       \
-                    int fetch = PREFETCH && r == 0 && i + 8 <= i1;                                          \
-                    __m256 x0 = _mm256_set1_ps(xr[i]), x1 = _mm256_set1_ps(xr[i + 1]);                      \
-                    __m256 x2 = _mm256_set1_ps(xr[i + 2]), x3 = _mm256_set1_ps(xr[i + 3]);                  \
-                    long j = 0;                                                                             \
-                    for (; j < vec; j += 8) {                                                               \
-                        if (fetch) _mm_prefetch(next + 4 * sizeof(WT) * j, _MM_HINT_T0);                    \
-                        __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), x0, _mm256_loadu_ps(acc + j));            \
-                        a = _mm256_fmadd_ps(LOAD8(w1 + j), x1, a);                                          \
-                        a = _mm256_fmadd_ps(LOAD8(w2 + j), x2, a);                                          \
-                        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(LOAD8(w3 + j), x3, a));                   \
-                    }                                                                                       \
-                    for (; j < out; j++)                                                                    \
-                        acc[j] = (((acc[j] + LOAD1(w0 + j) * xr[i]) + LOAD1(w1 + j) * xr[i + 1]) +          \
-                                  LOAD1(w2 + j) * xr[i + 2]) + LOAD1(w3 + j) * xr[i + 3];                   \
-                }                                                                                           \
-                for (; i < i1; i++)                                                                         \
-                    for (long j = 0; j < out; j++) acc[j] += LOAD1(w + i * out + j) * xr[i];                \
-            }                                                                                               \
-        }                                                                                                   \
-        for (long r = 0; r < m; r++)                                                                        \
-            for (long j = 0; j < out; j++) {                                                                \
-                float s = b ? b[j] : 0.0f;                                                                  \
-                for (long c = 0; c < chunks; c++) s += part[(c * m + r) * out + j];                         \
-                y[r * out + j] = s;                                                                         \
-            }                                                                                               \
-        free(part);                                                                                         \
+#define DEFINE_COLS(NAME, WT, LOAD8, LOAD1, PREFETCH)                                                          \
+    void NAME##_part(const float *x, const WT *w, float *partials, long m, long in, long out, long part,     \
+                     long parts) {                                                                           \
+        long chunks = gemv_cols_chunks(in), per = (in + chunks - 1) / chunks, vec = out / 8 * 8, lo, hi;     \
+        span(chunks, part, parts, &lo, &hi);                                                                 \
+        for (long c = lo; c < hi; c++) {                                                                     \
+            long i0 = c * per < in ? c * per : in, i1 = i0 + per < in ? i0 + per : in;                       \
+            for (long r = 0; r < m; r++) {                                                                   \
+                float *acc = partials + (c * m + r) * out;                                                   \
+                const float *xr = x + r * in;                                                                \
+                for (long j = 0; j < out; j++) acc[j] = 0.0f;                                                \
+                long i = i0;                                                                                 \
+                for (; i + 4 <= i1; i += 4) {                                                                \
+                    const WT *w0 = w + i * out, *w1 = w0 + out, *w2 = w1 + out, *w3 = w2 + out;              \
+                    const char *next = (const char *)(w3 + out); /* the next four rows: contiguous */        \
+                    int fetch = PREFETCH && r == 0 && i + 8 <= i1;                                           \
+                    __m256 x0 = _mm256_set1_ps(xr[i]), x1 = _mm256_set1_ps(xr[i + 1]);                       \
+                    __m256 x2 = _mm256_set1_ps(xr[i + 2]), x3 = _mm256_set1_ps(xr[i + 3]);                   \
+                    long j = 0;                                                                              \
+                    for (; j < vec; j += 8) {                                                                \
+                        if (fetch) _mm_prefetch(next + 4 * sizeof(WT) * j, _MM_HINT_T0);                     \
+                        __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), x0, _mm256_loadu_ps(acc + j));             \
+                        a = _mm256_fmadd_ps(LOAD8(w1 + j), x1, a);                                           \
+                        a = _mm256_fmadd_ps(LOAD8(w2 + j), x2, a);                                           \
+                        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(LOAD8(w3 + j), x3, a));                    \
+                    }                                                                                        \
+                    for (; j < out; j++)                                                                     \
+                        acc[j] = (((acc[j] + LOAD1(w0 + j) * xr[i]) + LOAD1(w1 + j) * xr[i + 1]) +           \
+                                  LOAD1(w2 + j) * xr[i + 2]) + LOAD1(w3 + j) * xr[i + 3];                    \
+                }                                                                                            \
+                for (; i < i1; i++)                                                                          \
+                    for (long j = 0; j < out; j++) acc[j] += LOAD1(w + i * out + j) * xr[i];                 \
+            }                                                                                                \
+        }                                                                                                    \
+    }                                                                                                        \
+    void NAME(const float *x, const WT *w, const float *b, float *y, long m, long in, long out) {            \
+        float *partials = malloc(sizeof(float) * gemv_cols_chunks(in) * m * out);                            \
+        if (!partials) abort();                                                                              \
+        _Pragma("omp parallel") {                                                                            \
+            NAME##_part(x, w, partials, m, in, out, omp_get_thread_num(), omp_get_num_threads());            \
+            _Pragma("omp barrier")                                                                           \
+            gemv_cols_reduce_part(partials, b, y, m, in, out, omp_get_thread_num(), omp_get_num_threads());  \
+        }                                                                                                    \
+        free(partials);                                                                                      \
     }
+
+/* y[r, j] = b[j] + sum over chunks c, in order, of partials[c, r, j], for the columns of part `part` */
+void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long m, long in, long out, long part,
+                           long parts) {
+    long chunks = gemv_cols_chunks(in), lo, hi;
+    span(out, part, parts, &lo, &hi);
+    for (long r = 0; r < m; r++)
+        for (long j = lo; j < hi; j++) {
+            float s = b ? b[j] : 0.0f;
+            for (long c = 0; c < chunks; c++) s += partials[(c * m + r) * out + j];
+            y[r * out + j] = s;
+        }
+}
 
 /* Software prefetch of the next block only for bfloat16: measured on an AMD EPYC (docs/benchmarks.md), it
  * made the bf16 chain faster and the float32 one slower, where the hardware prefetcher keeps up by itself. */

@@ -1,38 +1,95 @@
 // XLA FFI handlers for the few-row products of gemv.c, so that a jitted JAX program calls them as custom calls
 // (kernels/cpu/jax_gemv.py registers them). x [m, in] float32, W [out, in] ("rows") or [in, out] ("cols") in
 // float32 or bfloat16, y [m, out] float32; jax_gemv.py checks every shape before the call and rounds y.
+//
+// The parts of a product run on XLA's own intra-op thread pool (Share), not on an OpenMP team: a second set of
+// threads beside XLA's, on a machine with as many cores as XLA has threads, streamed a decode step's chain of
+// products slower than XLA's own dot (docs/benchmarks.md).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 extern "C" {
-void gemv_rows_f32(const float *x, const float *w, const float *b, float *y, long m, long in, long out);
-void gemv_rows_bf16(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out);
-void gemv_cols_f32(const float *x, const float *w, const float *b, float *y, long m, long in, long out);
-void gemv_cols_bf16(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out);
+void gemv_rows_f32_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out,
+                        long part, long parts);
+void gemv_rows_bf16_part(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out,
+                         long part, long parts);
+void gemv_cols_f32_part(const float *x, const float *w, float *partials, long m, long in, long out, long part,
+                        long parts);
+void gemv_cols_bf16_part(const float *x, const uint16_t *w, float *partials, long m, long in, long out, long part,
+                         long parts);
+void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long m, long in, long out, long part,
+                           long parts);
+long gemv_cols_chunks(long in);
+}
+
+// f(item) for every item in [0, items), shared between this thread and `helpers` tasks on XLA's pool: each takes
+// the next unclaimed item until none is left, so the caller does the work alone when the pool is busy (XLA runs
+// independent thunks, q/k/v of one layer, concurrently) instead of waiting for a task that has not started. The
+// state lives as long as the last task holding it: a task that starts after the call returned finds no item.
+struct Work {
+    std::atomic<long> next{0}, done{0};
+    long items = 0;
+};
+
+template <typename F>
+static void Share(ffi::ThreadPool &pool, long helpers, long items, F f) {
+    auto work = std::make_shared<Work>();
+    work->items = items;
+    auto take = [work, f] {
+        for (long i; (i = work->next.fetch_add(1, std::memory_order_relaxed)) < work->items;) {
+            f(i);
+            work->done.fetch_add(1, std::memory_order_release);
+        }
+    };
+    for (long h = 0; h < helpers && h + 1 < items; h++) pool.Schedule(decltype(take)(take));  // a copy each
+    take();
+    while (work->done.load(std::memory_order_acquire) < items) _mm_pause();
 }
 
 template <ffi::DataType W, bool kRows>
-static ffi::Error Gemv(ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<W, 2> w, ffi::ResultBuffer<ffi::F32, 2> y) {
+static ffi::Error Gemv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<W, 2> w,
+                       ffi::ResultBuffer<ffi::F32, 2> y) {
     const long m = x.dimensions()[0], in = x.dimensions()[1];
     const long out = kRows ? w.dimensions()[0] : w.dimensions()[1];
     const long w_in = kRows ? w.dimensions()[1] : w.dimensions()[0];
     if (w_in != in || y->dimensions()[0] != m || y->dimensions()[1] != out) {
         return ffi::Error::InvalidArgument("decoder_parity gemv: operand shapes do not agree");
     }
+    const long helpers = std::max<int64_t>(0, pool.num_threads() - 1);
+    const long items = 2 * (helpers + 1);  // a few per thread: a late helper still finds work
+    const float *xd = x.typed_data();
     const auto *wd = w.typed_data();
     float *yd = y->typed_data();
-    if constexpr (W == ffi::F32) {
-        (kRows ? gemv_rows_f32 : gemv_cols_f32)(x.typed_data(), wd, nullptr, yd, m, in, out);
+    if constexpr (kRows) {
+        Share(pool, helpers, items, [=](long i) {
+            if constexpr (W == ffi::F32) gemv_rows_f32_part(xd, wd, nullptr, yd, m, in, out, i, items);
+            else gemv_rows_bf16_part(xd, wd, nullptr, yd, m, in, out, i, items);
+        });
     } else {
-        (kRows ? gemv_rows_bf16 : gemv_cols_bf16)(x.typed_data(), wd, nullptr, yd, m, in, out);
+        const long chunks = gemv_cols_chunks(in);
+        std::vector<float> partials(static_cast<size_t>(chunks * m * out));  // [chunks, m, out]
+        float *pd = partials.data();
+        Share(pool, helpers, chunks, [=](long c) {
+            if constexpr (W == ffi::F32) gemv_cols_f32_part(xd, wd, pd, m, in, out, c, chunks);
+            else gemv_cols_bf16_part(xd, wd, pd, m, in, out, c, chunks);
+        });
+        Share(pool, helpers, items, [=](long i) { gemv_cols_reduce_part(pd, nullptr, yd, m, in, out, i, items); });
     }
     return ffi::Error::Success();
 }
 
-#define BIND(W) ffi::Ffi::Bind().Arg<ffi::Buffer<ffi::F32, 2>>().Arg<ffi::Buffer<W, 2>>().Ret<ffi::Buffer<ffi::F32, 2>>()
+#define BIND(W)                                                                                  \
+    ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32, 2>>().Arg<ffi::Buffer<W, 2>>().Ret< \
+        ffi::Buffer<ffi::F32, 2>>()
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemvRowsF32, (Gemv<ffi::F32, true>), BIND(ffi::F32));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemvRowsBF16, (Gemv<ffi::BF16, true>), BIND(ffi::BF16));

@@ -25,12 +25,14 @@ from jax_impl.linear import (
     path_of,
     product,
 )
+from kernels.cpu import jax_gemv
 from parity.tolerances import TOLERANCES
 
 MAX_REL = TOLERANCES["float32"].max_rel  # reordered float32 sums, the table's reviewed bound
 BF16_REL = 2.0**-7  # a bfloat16 result rounds to 8 significant bits; the products accumulate in float32
 LINEAR_DIMS = (((1,), (0,)), ((), ()))  # nnx.Linear's dimension numbers for a 2-D input
 ON_CPU = jax.default_backend() == "cpu"
+GEMV = ("gemv",) if ON_CPU and jax_gemv.available() else ()  # the CPU kernel, where it was built
 
 
 def max_rel(got: jax.Array, want: np.ndarray) -> float:
@@ -55,7 +57,7 @@ def fresh_choices():
     PATHS._chosen.update(saved)
 
 
-@pytest.mark.parametrize("path", [None, "dot", "split", "pad"])  # None: the measured choice
+@pytest.mark.parametrize("path", [None, "dot", "split", "pad", "gemv"])  # None: the measured choice
 @pytest.mark.parametrize("lead", [(1,), (1, 1, 1), (3,), (2, 5)])  # 10 rows: more than CHOICE_MAX_ROWS
 @pytest.mark.parametrize("in_features", [40, 37])  # 40 = 8 blocks of 5 rows; 37 cannot be split
 @pytest.mark.parametrize("bias", [False, True])
@@ -73,7 +75,7 @@ def test_linear_matches_float64_product(path, lead, in_features, bias):
     assert max_rel(got, want) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["dot", "split", "pad"])
+@pytest.mark.parametrize("path", ["dot", "split", "pad", "gemv"])
 def test_bfloat16_forms_match_float64_product(path):
     gen = np.random.default_rng(6)
     x = jnp.asarray(gen.standard_normal((1, 96)), jnp.bfloat16)
@@ -86,18 +88,29 @@ def test_bfloat16_forms_match_float64_product(path):
 def test_which_products_have_a_choice():
     x, w = jnp.ones((CHOICE_MAX_ROWS, 64)), jnp.ones((64, 24))
     transposed = (((1,), (1,)), ((), ()))  # x @ W^T, W [out, in]: a tied head's product
-    assert forms_for(x, w, LINEAR_DIMS) == (("dot", "split") if ON_CPU else ("dot",))
-    assert forms_for(x[:1], w, LINEAR_DIMS) == (("dot", "split") if ON_CPU else ("dot",))  # float32: no pad
+    cpu = ("dot", "split", *GEMV) if ON_CPU else ("dot",)
+    assert forms_for(x, w, LINEAR_DIMS) == cpu
+    assert forms_for(x[:1], w, LINEAR_DIMS) == cpu  # float32: no pad
     xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
-    assert forms_for(xb[:1], wb, LINEAR_DIMS) == (("dot", "pad") if ON_CPU else ("dot",))  # bfloat16: no split
-    assert forms_for(xb[:1], wb.T, transposed) == (("dot", "pad") if ON_CPU else ("dot",))
-    assert not has_choice(x, w.T, transposed)  # no split of W^T's columns, no padding of 8 rows
-    assert not has_choice(xb, wb, LINEAR_DIMS)  # bfloat16, 8 rows: neither split nor pad
+    assert forms_for(xb[:1], wb, LINEAR_DIMS) == (("dot", "pad", *GEMV) if ON_CPU else ("dot",))  # bf16: no split
+    assert forms_for(xb[:1], wb.T, transposed) == (("dot", "pad", *GEMV) if ON_CPU else ("dot",))
+    assert forms_for(x, w.T, transposed) == ("dot", *GEMV)  # no split of W^T's columns, no padding of 8 rows
+    assert forms_for(xb, wb, LINEAR_DIMS) == ("dot", *GEMV)  # bfloat16, 8 rows: neither split nor pad
     assert not has_choice(jnp.ones((CHOICE_MAX_ROWS + 1, 64)), w, LINEAR_DIMS)  # prefill-sized: the single dot
-    assert not has_choice(x[:, :60], w[:60], LINEAR_DIMS)  # 60 rows of W: no 8 equal blocks, 8 rows: no pad
-    assert forms_for(xb[:1, :60], wb[:60], LINEAR_DIMS) == (("dot", "pad") if ON_CPU else ("dot",))
+    assert forms_for(x[:, :60], w[:60], LINEAR_DIMS) == ("dot", *GEMV)  # 60 rows of W: no 8 equal blocks
+    assert forms_for(xb[:1, :60], wb[:60], LINEAR_DIMS) == (("dot", "pad", *GEMV) if ON_CPU else ("dot",))
     assert not has_choice(x.astype(jnp.float16), w.astype(jnp.float16), LINEAR_DIMS)
     assert not has_choice(x[:1], w, (((1,), (0,)), ((0,), (1,))))  # batch dimensions: not a Linear's product
+
+
+@pytest.mark.skipif(not GEMV, reason="the CPU kernel is not built here")
+def test_gemv_form_is_a_custom_call():
+    """Pinned, the kernel is what the compiled program calls (an XLA custom call), and its backward is plain dots."""
+    w, x = jnp.ones((64, 24)), jnp.ones((1, 64))
+    text = jax.jit(lambda x: dot_general(x, w, LINEAR_DIMS, path="gemv")).lower(x).as_text()
+    assert "decoder_parity_GemvColsF32" in text
+    grad_text = jax.jit(jax.grad(lambda w: dot_general(x, w, LINEAR_DIMS, path="gemv").sum())).lower(w).as_text()
+    assert "dot_general" in grad_text  # dW = x^T g: the custom call has no backward of its own
 
 
 def test_forced_forms_are_what_runs(fresh_choices):
@@ -135,8 +148,12 @@ def test_choice_is_measured_once_per_shape_outside_the_trace(fresh_choices, dtyp
     assert key == (1, 512, 320, jnp.dtype(dtype).name, "x@W")
     choice = fresh_choices.chosen()[key]
     forms = forms_for(x, w, dims)
-    if dtype == jnp.bfloat16 and bf16_row_dot_copies():  # the single dot ruled out, the padded form settled untimed
-        assert forms == ("dot", "pad") and (choice.path, dict(choice.seconds), choice.cost) == ("pad", {}, 0.0)
+    if dtype == jnp.bfloat16 and bf16_row_dot_copies():  # the single dot ruled out: not timed
+        assert forms == ("dot", "pad", *GEMV)
+        if GEMV:  # the padded form against the kernel
+            assert choice.path in GEMV + ("pad",) and set(choice.seconds) == {"pad", *GEMV} and choice.cost > 0
+        else:  # the padded form alone: settled untimed
+            assert (choice.path, dict(choice.seconds), choice.cost) == ("pad", {}, 0.0)
     else:
         assert choice.path in forms and set(choice.seconds) == set(forms) and choice.cost > 0
     assert path_of(x, w, dims) == choice.path  # eager, or traced again: the same form, not measured again
@@ -144,7 +161,7 @@ def test_choice_is_measured_once_per_shape_outside_the_trace(fresh_choices, dtyp
     assert fresh_choices.chosen() == {key: choice}
 
 
-@pytest.mark.parametrize("path", [None, "dot", "pad"])
+@pytest.mark.parametrize("path", [None, "dot", "pad", "gemv"])
 @pytest.mark.parametrize(("dtype", "tol"), [(jnp.float32, MAX_REL), (jnp.bfloat16, BF16_REL)])
 def test_tied_head_product_matches_float64(path, dtype, tol):
     gen = np.random.default_rng(7)
@@ -198,7 +215,9 @@ def test_every_form_agrees():
 
 
 @pytest.mark.parametrize(("path", "dtype", "tol"), [("dot", jnp.float32, MAX_REL), ("split", jnp.float32, MAX_REL),
-                                                     ("pad", jnp.bfloat16, 4 * BF16_REL)])  # fmt: skip
+                                                     ("pad", jnp.bfloat16, 4 * BF16_REL),
+                                                     ("gemv", jnp.float32, MAX_REL),
+                                                     ("gemv", jnp.bfloat16, 4 * BF16_REL)])  # fmt: skip
 def test_gradients_match_the_single_dot(path, dtype, tol):
     layer = make_linear(48, 29, bias=True)
     x = jax.random.normal(jax.random.key(4), (1, 1, 48)).astype(dtype)

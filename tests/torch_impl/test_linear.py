@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_impl.linear as torch_linear
-from parity.tolerances import TOLERANCES
 from kernels.cpu import torch_gemv
+from parity.tolerances import TOLERANCES
 from torch_impl.linear import PATHS, Linear, _onednn_available, forms_for, has_choice, linear, path_of
 
 MAX_REL = TOLERANCES["float32"].max_rel  # reordered float32 sums, the table's reviewed bound

@@ -1,0 +1,7 @@
+"""CPU kernels: the few-row product of a decode step (gemv.c), compiled on the machine that runs it (build.py),
+with a launcher per framework (torch_gemv.py, jax_gemv.py) and a float64 reference (reference.py).
+
+Unlike kernels/triton and kernels/pallas, which are GPU kernels checked on CPU in interpret mode, these run
+natively on the CPU, and only where they were measured faster than the libraries (torch_impl/linear.py,
+jax_impl/linear.py choose per product shape). This module imports neither torch nor jax.
+"""

@@ -97,7 +97,8 @@ def _upcast(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     return out
 
 
-FORMS = {"f_linear": F.linear, "onednn": _onednn, "upcast": _upcast, "gemv": torch_gemv.gemv}
+# Every path is validated by forms_for before it runs, so the kernel is launched without its own checks.
+FORMS = {"f_linear": F.linear, "onednn": _onednn, "upcast": _upcast, "gemv": torch_gemv.launch}
 
 
 def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[str, ...]:
@@ -105,13 +106,18 @@ def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     of one dtype (float32 or bfloat16), a contiguous weight and no gradient to record: oneDNN where this build
     runs it for the dtype, the upcast for bfloat16, the CPU kernel for at most its MAX_ROWS token rows where it
     was built (kernels/cpu/torch_gemv.py)."""
-    tensors = (x, weight) if bias is None else (x, weight, bias)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    dtype = x.dtype  # plain comparisons, cheapest first: a decode step asks ~170 times
     if not (
-        all(t.device.type == "cpu" and t.dtype == x.dtype for t in tensors)
-        and x.dtype in DTYPES
-        and not needs_grad
+        (dtype is torch.float32 or dtype is torch.bfloat16)
+        and weight.dtype is dtype
+        and x.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and (bias is None or (bias.dtype is dtype and bias.device.type == "cpu"))
         and weight.is_contiguous()
+        and not (
+            torch.is_grad_enabled()
+            and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        )
     ):
         return ("f_linear",)
     onednn = ("onednn",) if _onednn_available(x.dtype) else ()

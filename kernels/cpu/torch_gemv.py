@@ -42,17 +42,20 @@ def available() -> bool:
 
 
 def supports(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """x2 [rows <= MAX_ROWS, in], weight [out, in] contiguous, one dtype (float32 or bfloat16), all on the CPU."""
-    tensors = (x2, weight) if bias is None else (x2, weight, bias)
+    """x2 [rows <= MAX_ROWS, in], weight [out, in] contiguous, one dtype (float32 or bfloat16), all on the CPU.
+    (Checked on every product of a decode step: plain comparisons, cheapest first.)"""
+    dtype = weight.dtype
     return (
-        x2.dim() == 2
+        (dtype is torch.float32 or dtype is torch.bfloat16)
+        and x2.dtype is dtype
+        and x2.dim() == 2
         and weight.dim() == 2
         and 0 < x2.shape[0] <= MAX_ROWS
         and x2.shape[1] == weight.shape[1]
-        and (bias is None or bias.shape == (weight.shape[0],))
+        and x2.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and (bias is None or (bias.dtype is dtype and bias.device.type == "cpu" and bias.shape == (weight.shape[0],)))
         and weight.is_contiguous()
-        and all(t.device.type == "cpu" and t.dtype == weight.dtype for t in tensors)
-        and weight.dtype in (torch.float32, torch.bfloat16)
         and available()
     )
 
@@ -67,20 +70,28 @@ def gemv(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
             f"float32/bfloat16 tensors of one dtype, x [rows <= {MAX_ROWS}, in], weight [out, in] contiguous "
             f"(kernel available: {available()}; {build.unavailable('gemv') or 'built'})"
         )
+    return launch(x2, weight, bias)
+
+
+def launch(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`gemv` for a caller that has checked `supports` itself (torch_impl/linear.py's forms_for): a decode step
+    makes ~170 of these calls, and each check costs microseconds."""
     if not torch._C._len_torch_dispatch_stack() and not torch.autograd.profiler._is_profiler_enabled:
         return _run(x2, weight, bias)  # nobody to see the operator: its dispatch alone costs ~10 us a call
     return _operator()(x2, weight, bias)
 
 
 def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    x32 = x2.float().contiguous()  # [rows, in]: a copy only where x2 is bf16 or strided (a few KB)
-    b32 = None if bias is None else bias.float().contiguous()
-    out = torch.empty(x2.shape[0], weight.shape[0], dtype=torch.float32)  # [rows, out]
+    f32 = x2.dtype is torch.float32
+    x32 = (x2 if f32 else x2.float()).contiguous()  # [rows, in]: a copy only where x2 is bf16 or strided (KBs)
+    b32 = None if bias is None else (bias if f32 else bias.float()).contiguous()
+    rows, out_features = x2.shape[0], weight.shape[0]
+    out = torch.empty(rows, out_features, dtype=torch.float32)  # [rows, out]
     _functions()[weight.dtype](
         x32.data_ptr(), weight.data_ptr(), None if b32 is None else b32.data_ptr(), out.data_ptr(),
-        x2.shape[0], x2.shape[1], weight.shape[0],
+        rows, x2.shape[1], out_features,
     )  # fmt: skip
-    return out if x2.dtype == torch.float32 else out.to(x2.dtype)
+    return out if f32 else out.to(x2.dtype)
 
 
 def _gemv_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:

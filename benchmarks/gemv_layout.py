@@ -11,6 +11,7 @@ could run them:
 - jax, torch layout:  x @ W^T with W [out, in]   (the same product on the checkpoint's layout)
 - torch, F.linear:    MKL's float32 GEMM/GEMV, oneDNN in bfloat16 (what nn.Linear, hence transformers, runs)
 - torch, oneDNN:      torch.ops.mkldnn._linear_pointwise (torch_impl/linear.py's "onednn")
+- both, the CPU kernel: kernels/cpu/gemv.c in each backend's layout (the backends' "gemv")
 
 and prints each one's streaming rate and its fraction of a 1 GiB float32 matrix-vector product measured in the
 same run (the read bandwidth benchmarks/cpu_decode.py uses for its weight-streaming limit). The backends choose
@@ -81,6 +82,7 @@ def jax_rates(weights: list[list[np.ndarray]], repeats: int) -> dict[str, float]
         "jax x @ W, W [in, out] (Flax, dot)": (flax, form("dot")),
         "jax x @ W split (split)": (flax, form("split")),
         "jax x @ W padded to 2 rows (pad)": (flax, form("pad")),
+        "jax x @ W, the CPU kernel (gemv)": (flax, form("gemv")),
         "jax x @ W^T, W [out, in] (torch)": (torch_layout, lambda x, w: jnp.einsum("bi,oi->bo", x, w, precision=hi)),
     }
     runs = {}
@@ -101,8 +103,12 @@ def torch_rates(weights: list[list[np.ndarray]], repeats: int) -> dict[str, floa
     x = torch.ones(1, HIDDEN, dtype=dtype)
     # [out, in]; bfloat16 through float32 (numpy has no bfloat16 torch can share), float32 shared with numpy
     placed = [[torch.from_numpy(np.asarray(w, np.float32)).to(dtype) for w in layer] for layer in weights]
+
+    def path(name: str):
+        return lambda: chain(x, placed, lambda x, w: linear(x, w, path=name))
+
     runs = {"torch F.linear (f_linear)": lambda: chain(x, placed, F.linear),
-            "torch oneDNN (onednn)": lambda: chain(x, placed, lambda x, w: linear(x, w, path="onednn"))}  # fmt: skip
+            "torch oneDNN (onednn)": path("onednn"), "torch the CPU kernel (gemv)": path("gemv")}  # fmt: skip
     nbytes = LAYERS * LAYER_PARAMS * x.element_size()
     with torch.inference_mode():
         return {name: nbytes / t for name, t in interleaved_medians(runs, repeats).items()}
@@ -126,8 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     flax, torch_layout = rates["jax x @ W, W [in, out] (Flax, dot)"], rates["jax x @ W^T, W [out, in] (torch)"]
     split, pad = rates["jax x @ W split (split)"], rates["jax x @ W padded to 2 rows (pad)"]
     f_linear, onednn = rates["torch F.linear (f_linear)"], rates["torch oneDNN (onednn)"]
-    print(f"  jax: split / single dot x{split / flax:.2f}, pad / single dot x{pad / flax:.2f}, torch layout / Flax "
-          f"layout x{torch_layout / flax:.2f};  torch: oneDNN / F.linear x{onednn / f_linear:.2f}")  # fmt: skip
+    jax_gemv, torch_gemv = rates["jax x @ W, the CPU kernel (gemv)"], rates["torch the CPU kernel (gemv)"]
+    print(f"  jax: split / single dot x{split / flax:.2f}, pad / single dot x{pad / flax:.2f}, gemv / single dot "
+          f"x{jax_gemv / flax:.2f}, torch layout / Flax layout x{torch_layout / flax:.2f};  torch: oneDNN / F.linear "
+          f"x{onednn / f_linear:.2f}, gemv / oneDNN x{torch_gemv / onednn:.2f}")  # fmt: skip
+    print("  (a path the machine cannot run falls back to the single dot / F.linear: kernels/cpu/build.py says why)")
     return 0
 
 

@@ -2,8 +2,9 @@
 
 The kernels are C, compiled on the machine that runs them at first use, with its C compiler, into the project's
 cache directory (spec.default_cache_dir(): $XDG_CACHE_HOME/decoder-parity), under a name that hashes the sources
-and the flags, so an edited source is rebuilt and a built one is reused by every later process (a compile is
-0.3-3 s). Written to a temporary name and renamed: two processes building at once never load a half-written file.
+and the flags, so an edited source is rebuilt and a built one is reused by every later process (a compile takes
+seconds, once per machine). Written to a temporary name and renamed: two processes building at once never load a
+half-written file.
 
 Where a kernel cannot be had -- not x86-64, no AVX2 and FMA, no compiler, a failed compile -- `load` returns None
 and `unavailable(name)` says why; the backends then offer only their library paths (torch_impl/linear.py,
@@ -87,6 +88,13 @@ def _build(name: str, sources: tuple[str, ...], include_dirs: tuple[str, ...]) -
         digest.update((HERE / source).read_bytes())
     for part in (*C_FLAGS, *CXX_FLAGS, *include_dirs):
         digest.update(part.encode())
+    for include in include_dirs:  # XLA's FFI headers: a new jaxlib's ABI is a new library
+        for header in sorted(Path(include).glob("xla/ffi/api/*.h")):
+            digest.update(header.read_bytes())
+    for language in {"c", *("c++" for s in sources if s.endswith(".cc"))}:
+        compiler = _compiler(language)
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True) if compiler else None
+        digest.update((version.stdout if version else "").encode())  # another compiler, another build
     out_dir = default_cache_dir() / "kernels"
     target = out_dir / f"lib{name}-{digest.hexdigest()[:16]}.so"
     if target.exists():

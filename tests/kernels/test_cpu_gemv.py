@@ -204,3 +204,51 @@ class TestJax:
             gemv(jnp.ones((1, 4)), jnp.ones((4, 6)), "diag")
         with pytest.raises(ValueError, match=r"x \(9, 4\)"):
             gemv(jnp.ones((9, 4)), jnp.ones((4, 6)), "cols")
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_a_whole_model_through_the_kernel_matches_the_library_path(backend):
+    """The built-in checkpoint's forward (5 token rows: every product within the kernel's rows, the tied head
+    included) with every product pinned to the kernel equals the same forward on the plain library path within the
+    float32 table; the pinned program really calls the kernel (torch: the profiler records its operator; JAX: its
+    custom call is in the lowered program)."""
+    pytest.importorskip(f"{backend}_impl")
+    import spec
+    from tests.backends import load, to_numpy
+
+    linear = __import__(f"{backend}_impl.linear", fromlist=["PATHS"])
+    if backend == "torch":
+        from kernels.cpu import torch_gemv as launcher
+    else:
+        from kernels.cpu import jax_gemv as launcher
+    if not launcher.available():
+        pytest.skip(f"kernel not built here: {build.unavailable('gemv')}")
+    model = load(backend, spec.default_checkpoint())
+    ids = np.array([[3, 141, 59, 26, 5]])
+    plain = "f_linear" if backend == "torch" else "dot"
+    out = {}
+    for path in (plain, "gemv"):
+        if backend == "jax":
+            import jax
+
+            jax.clear_caches()  # a compiled forward holds the forms it was traced with
+        with linear.PATHS.forced(path):
+            if backend == "torch":
+                import torch
+
+                with torch.inference_mode(), torch.profiler.profile() as profile:
+                    out[path] = to_numpy(model(ids))
+                calls = sum(event.name == "decoder_parity::gemv" for event in profile.events())
+                assert (calls > 0) is (path == "gemv")  # the profiler sees the kernel's operator
+            else:
+                from flax import nnx
+
+                from jax_impl.model import forward
+
+                out[path] = to_numpy(model(ids))
+                graphdef, state = nnx.split(model)
+                valid = np.ones(ids.shape, bool)
+                program = forward.lower(graphdef, state, ids, valid, None, last_only=False, trace=False).as_text()
+                assert ("decoder_parity_Gemv" in program) is (path == "gemv")
+    assert out["gemv"].shape == out[plain].shape == (1, 5, model.spec.vocab_size)
+    assert rel(out["gemv"], out[plain].astype(np.float64)) <= MAX_REL

@@ -26,8 +26,8 @@ from pathlib import Path
 from spec.default import default_cache_dir
 
 HERE = Path(__file__).resolve().parent
-C_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
-CXX_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=c++17")
+C_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-std=gnu11")  # compiling; the link adds -shared
+CXX_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-std=c++17")
 REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what gemv.c is compiled for
 
 _why: dict[str, str] = {}
@@ -91,7 +91,8 @@ def _build(name: str, sources: tuple[str, ...], include_dirs: tuple[str, ...]) -
     for include in include_dirs:  # XLA's FFI headers: a new jaxlib's ABI is a new library
         for header in sorted(Path(include).glob("xla/ffi/api/*.h")):
             digest.update(header.read_bytes())
-    for language in {"c", *("c++" for s in sources if s.endswith(".cc"))}:
+    cxx = any(source.endswith(".cc") for source in sources)
+    for language in ("c", "c++") if cxx else ("c",):
         compiler = _compiler(language)
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True) if compiler else None
         digest.update((version.stdout if version else "").encode())  # another compiler, another build
@@ -103,16 +104,15 @@ def _build(name: str, sources: tuple[str, ...], include_dirs: tuple[str, ...]) -
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         objects = []
         for source in sources:
-            cxx = source.endswith(".cc")
-            compiler = _compiler("c++" if cxx else "c")
+            language, flags = ("c++", CXX_FLAGS) if source.endswith(".cc") else ("c", C_FLAGS)
+            compiler = _compiler(language)
             if compiler is None:
-                raise OSError(f"no C++ compiler to build {source}")
+                raise OSError(f"no {language} compiler to build {source}")
             obj = Path(tmp) / f"{source}.o"
-            flags = [f for f in (CXX_FLAGS if cxx else C_FLAGS) if f != "-shared"]
             includes = [f"-I{d}" for d in include_dirs]
             _run([compiler, *flags, *includes, "-c", str(HERE / source), "-o", str(obj)])
             objects.append(str(obj))
-        linker = _compiler("c++") if any(s.endswith(".cc") for s in sources) else _compiler("c")
+        linker = _compiler("c++" if cxx else "c")
         partial = Path(tmp) / target.name
         _run([linker, "-shared", "-fopenmp", *objects, "-o", str(partial)])
         os.replace(partial, target)

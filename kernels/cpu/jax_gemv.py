@@ -33,6 +33,8 @@ def available() -> bool:
     lib = build.load("gemv_xla", (jax.ffi.include_dir(),))
     if lib is None:
         return False
+    if lib.gemv_max_rows() != MAX_ROWS:  # the same check as torch_gemv's
+        raise RuntimeError(f"kernels/cpu/gemv.c MAX_ROWS {lib.gemv_max_rows()} != jax_gemv.MAX_ROWS {MAX_ROWS}")
     for symbol in _TARGETS.values():
         jax.ffi.register_ffi_target(_target(symbol), jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return True

@@ -76,10 +76,20 @@ def _compile_faster(config: pytest.Config) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} {XLA_OPT_FLAG}=0".strip()
 
 
+def _share_cores(config: pytest.Config) -> None:
+    """xdist workers share the cores: each worker's torch gets its share of OpenMP threads (a default only). With
+    2 workers on 2 cores each worker's torch otherwise runs 2 threads, and a team that waits spins on the core
+    the other worker needs (a CI-sized subset: -9% wall). Tests that are about thread counts set theirs."""
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not (_selects_only_gpu_tests(config) and _cuda_available()):
         os.environ.setdefault("TRITON_INTERPRET", "1")
         _compile_faster(config)  # a GPU run measures the default compiler's kernels: left as it is
+        _share_cores(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

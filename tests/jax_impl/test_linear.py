@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import jax_impl.linear as linear_module
 from jax_impl.linear import (
     CHOICE_MAX_ROWS,
     FORMS,
@@ -240,3 +241,18 @@ def test_parameters_are_nnx_linears():
     layer = make_linear(16, 8, bias=True)
     assert layer.kernel[...].shape == (16, 8) and layer.bias[...].shape == (8,)
     assert isinstance(layer, nnx.Linear)
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the timing arena is a CPU measurement's")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_timing_arena_is_aligned_ones_that_the_cpu_client_takes_without_a_copy(dtype):
+    """The measurement's weights are views of one arena: aligned, so that putting them on the device copies
+    nothing (each key's 64 MB was copied before), and all ones (never the lazily zeroed pages a fresh
+    allocation reads as, which would stay in cache and time nothing)."""
+    arena = linear_module._host_arena(dtype)
+    assert arena.ctypes.data % linear_module.ARENA_ALIGN == 0
+    assert arena.nbytes == linear_module.STREAM_BYTES and arena.dtype == jnp.dtype(dtype)
+    assert np.all(arena[::4099] == 1) and arena[-1] == 1
+    views = arena[: 4 * 256 * 384].reshape(4, 256, 384)  # 384 KiB / 192 KiB per weight: multiples of 64 bytes
+    weights = [jax.device_put(view) for view in views]
+    assert [w.unsafe_buffer_pointer() for w in weights] == [view.ctypes.data for view in views]

@@ -22,13 +22,6 @@ def python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
 
 
-def test_check_tp2_passes_and_compares_sharded_logits(default_dir):
-    result = cli("check", str(default_dir), "--tp", "2", "-q", "--seq-len", "9", "--batch", "2")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    verdict = result.stdout.strip().splitlines()[-1]
-    assert verdict.startswith("PASS") and "torch/tp2 vs jax/tp2" in verdict and "jax/tp2 vs jax" in verdict
-
-
 def test_generate_tp2_both_backends_identical(default_dir):
     result = cli("generate", str(default_dir), "--ids", "5,9,200", "--max-new-tokens", "6", "--no-eos", "--tp", "2",
                  "--backend", "both")  # fmt: skip
@@ -43,17 +36,20 @@ def test_bad_degree_exits_2_naming_it(default_dir):
 
 
 def test_python_check_tp2_from_a_fresh_interpreter(default_dir):
-    """`parity.check(..., tp=2)` sets up the simulated devices itself: no XLA_FLAGS, no prior setup."""
+    """`parity.check(..., tp=2)` sets up the simulated devices itself: no XLA_FLAGS, no prior setup; and it compares
+    the sharded logits of both backends with each other and with the unsharded model's. (The CLI's `--tp` reaches
+    the same call: `check --steps --tp 2` below goes through it; a forward-only CLI run cost CI 13-17 s more.)"""
     code = (
         "import os, sys, parity\n"
         "assert 'XLA_FLAGS' not in os.environ and 'jax' not in sys.modules\n"
-        f"report = parity.check({str(default_dir)!r}, tp=2, seq_len=5)\n"
+        f"report = parity.check({str(default_dir)!r}, tp=2, seq_len=5, batch=2)\n"
         "labels = [c.label for c in report.comparisons]\n"
         "print(report.passed, labels)\n"
     )
     result = python(code)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith("True") and "torch/tp2 vs jax/tp2" in result.stdout, result.stdout
+    assert result.stdout.startswith("True"), result.stdout
+    assert "'torch/tp2 vs jax/tp2'" in result.stdout and "'jax/tp2 vs jax'" in result.stdout, result.stdout
 
 
 def test_python_check_tp_after_jax_started_names_the_fix(default_dir):
@@ -101,7 +97,9 @@ def test_check_expert_parallel_passes(hf_checkpoint):
 
 
 def test_generate_expert_parallel_both_backends_identical(hf_checkpoint):
-    result = cli("generate", str(hf_checkpoint("mixtral_e5k2")), "--ids", "5,9,200", "--max-new-tokens", "6",
-                 "--no-eos", "--ep", "5", "--backend", "both")  # fmt: skip
+    # 2 ranks, not mixtral_e5k2's 5 (each a torch process on CI's 2 cores: 24 s); the backends' own EP tests
+    # cover more experts per rank and other routings
+    result = cli("generate", str(hf_checkpoint("qwen3_moe_e6k4")), "--ids", "5,9,200", "--max-new-tokens", "6",
+                 "--no-eos", "--ep", "2", "--backend", "both")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "torch and jax generated identical tokens (6 in all)" in result.stdout

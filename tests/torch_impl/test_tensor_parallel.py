@@ -247,20 +247,17 @@ def _grad_checks(path: str) -> dict:
     }
 
 
-@pytest.mark.parametrize(("tp", "which"), [(4, "default"), (2, "qwen2")])  # both replicate kv heads; q/k norms, bias
-def test_sharded_loss_and_gradients_match_unsharded(tp, which, default_dir, qwen2_dir):
+def _assert_gradients_match(out: dict, path: str, tp: int) -> None:
     """The vocabulary-parallel loss: never a full-vocabulary tensor on any rank, same loss and gradients."""
     from torch_impl.training import loss_and_grads
 
-    for path in [default_dir if which == "default" else qwen2_dir]:
-        out = run_tp(_grad_checks, tp, str(path))
-        ref_loss, ref = loss_and_grads(torch_impl.from_pretrained(path), IDS, attention_mask=MASK)
-        assert out["ops"] > 100 and out["full_vocab"] == [], out["full_vocab"][:5]
-        assert out["control"]  # a [B, T, V] gather would have been seen
-        assert abs(out["loss"] - ref_loss) <= 1e-6 * ref_loss
-        assert set(out["grads"]) == set(ref)
-        for name in ref:
-            assert _rel(out["grads"][name], ref[name]) <= 1e-5 * np.sqrt(3), (path, tp, name)
+    ref_loss, ref = loss_and_grads(torch_impl.from_pretrained(path), IDS, attention_mask=MASK)
+    assert out["ops"] > 100 and out["full_vocab"] == [], out["full_vocab"][:5]
+    assert out["control"]  # a [B, T, V] gather would have been seen
+    assert abs(out["loss"] - ref_loss) <= 1e-6 * ref_loss
+    assert set(out["grads"]) == set(ref)
+    for name in ref:
+        assert _rel(out["grads"][name], ref[name]) <= 1e-5 * np.sqrt(3), (path, tp, name)
 
 
 STEPS = 3
@@ -287,21 +284,33 @@ def _train_checks(path: str, batches: list[np.ndarray], config) -> dict:
     return {"norm": norm, "losses": losses, "after": training.parameters(model), "copies": every}
 
 
-@pytest.mark.parametrize(("tp", "which"), [(4, "default"), (2, "qwen2")])  # both replicate kv heads
-def test_sharded_train_steps_match_unsharded(tp, which, default_dir, qwen2_dir):
-    """train_step on a tensor-parallel model: the replicated kv heads' gradient summed over their holders, the
-    clipping norm over every rank's slices with each element once, AdamW per shard; the parameters after
-    `STEPS` steps agree with the unsharded model's within the step table, and the replicas stay identical."""
-    from parity.gradients import compare_steps
+def _grad_and_train_checks(path: str, batches: list[np.ndarray], config) -> dict:
+    """On every rank: `_grad_checks`, then `_train_checks` on a fresh copy of the model (one launch for both)."""
+    return {"grads": _grad_checks(path), "train": _train_checks(path, batches, config)}
+
+
+@pytest.mark.parametrize(("tp", "which"), [(4, "default"), (2, "qwen2")])  # both replicate kv heads; q/k norms, bias
+def test_sharded_gradients_and_train_steps_match_unsharded(tp, which, default_dir, qwen2_dir):
+    """The loss and gradients (`_assert_gradients_match`), then train_step on a tensor-parallel model: the
+    replicated kv heads' gradient summed over their holders, the clipping norm over every rank's slices with each
+    element once, AdamW per shard; the parameters after `STEPS` steps agree with the unsharded model's within the
+    step table, and the replicas stay identical. One launch of the ranks for both (a launch is `tp` processes
+    importing torch: two cost CI ~10 s more)."""
     from spec.training import AdamW
-    from torch_impl import training
 
     path = str(default_dir if which == "default" else qwen2_dir)
     rng = np.random.default_rng(1)
     vocab = ModelSpec.from_pretrained(path).vocab_size
     batches = [IDS] + [rng.integers(0, vocab, IDS.shape) for _ in range(STEPS - 1)]
     config = AdamW(lr=1e-3, max_grad_norm=0.5)
-    out = run_tp(_train_checks, tp, path, batches, config)
+    out = run_tp(_grad_and_train_checks, tp, path, batches, config)
+    _assert_gradients_match(out["grads"], path, tp)
+    _assert_steps_match(out["train"], path, tp, batches, config)
+
+
+def _assert_steps_match(out: dict, path: str, tp: int, batches: list[np.ndarray], config) -> None:
+    from parity.gradients import compare_steps
+    from torch_impl import training
 
     ref = torch_impl.from_pretrained(path)
     ref.requires_grad_(True)

@@ -158,7 +158,7 @@ FORMS = {"dot": _single, "split": _split, "pad": _pad, "gemv": _gemv}
 def _host_arena(dtype: str) -> np.ndarray:
     """STREAM_BYTES of ones, written once per process, at an ARENA_ALIGN-aligned address: XLA's CPU client then
     takes each timed weight (a view of it whose byte size is a multiple of the alignment) as it is, where from a
-    plain numpy array it copied every key's weights (30-180 ms a key). Never written again."""
+    plain numpy array it copied every key's weights (docs/benchmarks.md). Never written again."""
     raw = np.empty(STREAM_BYTES + ARENA_ALIGN, np.uint8)
     start = -raw.ctypes.data % ARENA_ALIGN
     arena = raw[start : start + STREAM_BYTES].view(jnp.dtype(dtype))

@@ -309,6 +309,7 @@ def test_sharded_gradients_and_train_steps_match_unsharded(tp, which, default_di
 
 
 def _assert_steps_match(out: dict, path: str, tp: int, batches: list[np.ndarray], config) -> None:
+    """`_train_checks`' results against the same steps on the unsharded model (the test's docstring says what)."""
     from parity.gradients import compare_steps
     from torch_impl import training
 
@@ -326,7 +327,7 @@ def _assert_steps_match(out: dict, path: str, tp: int, batches: list[np.ndarray]
 
     np.testing.assert_allclose(out["losses"], ref_losses, rtol=1e-6)
     assert set(out["after"]) == set(after)
-    model_spec = ModelSpec.from_pretrained(path)
+    model_spec = ref.spec  # the checkpoint's, as loaded
     sharded, unsharded = (out["losses"], None, out["after"]), (ref_losses, None, after)
     steps = compare_steps(sharded, unsharded, before, (f"torch/tp{tp}", "torch"), "float32", model_spec)
     assert steps.passed and len(steps.update_rms_rel) > 20, steps.to_dict()  # the step table, key bias left out

@@ -12,13 +12,16 @@ One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat1
   printed beside the dense equivalent);
 - the machine (processor, cores, the flags that decide the fast CPU paths: benchmarks/machine.py), and the
   path each backend's products took per shape with what choosing cost (torch_impl/linear.py,
-  jax_impl/linear.py).
+  jax_impl/linear.py);
+- torch_impl's decode against the same model with its decode steps' norms, RoPE and attention kept on the
+  reference operators (REFERENCE_OPS: what kernels/cpu/decode_ops.c is worth on this machine).
 `--json PATH` writes the same figures. Timings are never asserted in tests: this script is where they live.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -114,11 +117,14 @@ class TokenClock:
         self.stamps.append(time.perf_counter())
 
 
+REFERENCE_OPS = "torch_impl/ref-ops"  # torch_impl with its decode steps' norms, RoPE and attention on the reference
+
+
 def chosen_paths(name: str) -> dict:
     """The path each product shape took in this process and the seconds choosing cost (our backends only)."""
     if name == "transformers":
         return {"paths": {}, "choice_cost_s": 0.0}
-    paths = __import__(f"{name}.linear", fromlist=["PATHS"]).PATHS
+    paths = __import__(f"{name.split('/')[0]}.linear", fromlist=["PATHS"]).PATHS
     shapes = {" ".join(map(str, key)): choice.path for key, choice in sorted(paths.chosen().items(), key=str)}
     return {"paths": shapes, "choice_cost_s": paths.cost()}
 
@@ -146,12 +152,18 @@ def load_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, new
             return clock.stamps[1:]  # the streamer's first put is the prompt itself
 
     else:
-        backend = __import__(name)
+        backend = __import__(name.split("/")[0])
         model = backend.from_pretrained(directory, dtype, progress=True)
+        ops = contextlib.nullcontext
+        if name == REFERENCE_OPS:  # the same model, its decode steps' small operators kept on the reference
+            from kernels.cpu import torch_decode_ops
+
+            ops = torch_decode_ops.reference_only
 
         def run(n: int = new_tokens) -> list[float]:
             clock.reset()
-            backend.generate(model, prompt, n, eos_token_ids=(), stream=clock)
+            with ops():
+                backend.generate(model, prompt, n, eos_token_ids=(), stream=clock)
             return clock.stamps
 
     def rates() -> dict:
@@ -209,12 +221,12 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
         procs[name].stdin.close()
         procs[name].wait()
         r = results[name]
-        print(f"  {name:13s} prefill {r['prefill_tok_s']:8.1f} tok/s   decode {r['decode_tok_s']:6.2f} tok/s "
+        print(f"  {name:18s} prefill {r['prefill_tok_s']:8.1f} tok/s   decode {r['decode_tok_s']:6.2f} tok/s "
               f"(runs: decode {', '.join(f'{d:.2f}' for d in decode)})")  # fmt: skip
         if r["paths"]:
             taken = ", ".join(f"{shape}: {path}" for shape, path in r["paths"].items())
             cost = f"choosing took {r['choice_cost_s']:.2f} s"
-            print(f"  {'':13s} paths (rows in out dtype, bias or layout): {taken}; {cost}")
+            print(f"  {'':18s} paths (rows in out dtype, bias or layout): {taken}; {cost}")
     return results
 
 
@@ -271,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = in_subprocess("machine", args)
     flops = machine["matmul_flops"]
     print(f"  matmul {flops / 1e9:.0f} GFLOP/s, weights {weight_bytes / 1e9:.2f} GB/token")
-    results = interleaved_backends(("transformers", "torch_impl", "jax_impl"), args)
+    results = interleaved_backends(("transformers", "torch_impl", REFERENCE_OPS, "jax_impl"), args)
     # Read before and after the backends: these VMs' bandwidth drifts by 10-20% within minutes, and a limit
     # read during a slow spell would put a backend above 100% of it. The higher reading is the limit.
     readings = [machine["read_bandwidth"], in_subprocess("bandwidth", args)["read_bandwidth"]]
@@ -288,9 +300,16 @@ def main(argv: list[str] | None = None) -> int:
         r["decode_ratio"] = r["decode_tok_s"] / base["decode_tok_s"]
         r["decode_fraction_of_limit"] = r["decode_tok_s"] / limit
         print(
-            f"  {name:13s} prefill x{r['prefill_ratio']:.2f}  decode x{r['decode_ratio']:.2f} of transformers, "
+            f"  {name:18s} prefill x{r['prefill_ratio']:.2f}  decode x{r['decode_ratio']:.2f} of transformers, "
             f"decode at {100 * r['decode_fraction_of_limit']:.0f}% of the weight-streaming limit"
         )
+    ref_ops = results[REFERENCE_OPS]
+    ref_ops["decode_fraction_of_limit"] = ref_ops["decode_tok_s"] / limit
+    print(
+        f"  torch_impl's decode-step operators in C (kernels/cpu/decode_ops.c): decode "
+        f"x{results['torch_impl']['decode_tok_s'] / ref_ops['decode_tok_s']:.2f} over the same model on the reference "
+        f"operators ({100 * ref_ops['decode_fraction_of_limit']:.0f}% of the limit)"
+    )
     base["decode_fraction_of_limit"] = base["decode_tok_s"] / limit
     print(f"  transformers  decode at {100 * base['decode_fraction_of_limit']:.0f}% of the weight-streaming limit")
     results["machine"] = {

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kernels.cpu import torch_decode_ops
 from spec import ModelSpec
 from torch_impl.layernorm import make_norm
 from torch_impl.rotary_embedding import apply_rotary
@@ -52,6 +53,8 @@ def attend(
     float32 minimum rather than -inf so that a fully masked (padding) row stays finite instead of NaN.
     `softcap` (Gemma 2): scores -> cap * tanh(scores / cap) after the scale, before the mask.
     """
+    if torch_decode_ops.takes_attention(q, k, v):  # a decode step's few rows: this math in one C call per batch row
+        return torch_decode_ops.attend(q, k, v, mask, scale, softcap)
     scores = torch.einsum("btkgd,bksd->bkgts", q.float(), k.float()) * scale  # [B, n_kv, g, T, S]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap

@@ -4,7 +4,8 @@
 Mirrors jax_impl/layernorm.py. RMSNorm(x) = g * x / sqrt(mean(x^2) + eps): no mean subtraction, an fp32
 reduction, eps inside the square root. With a residual it returns (normed, new_residual) where
 new_residual = x + residual rounded to the activation dtype (docs/design.md, "The dual-variable flow"). The math
-lives in kernels/triton/reference.py; `kernels="fused"` runs the Triton kernel with the same contract. LayerNorm
+lives in kernels/triton/reference.py; `kernels="fused"` runs the Triton kernel with the same contract; a decode step's
+few rows on the CPU run that math in one C call (kernels/cpu/torch_decode_ops.py). LayerNorm
 has no kernel: both `kernels` choices run the reference math below.
 """
 
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kernels.cpu import torch_decode_ops
 from kernels.triton import reference
 from spec import ModelSpec
 from torch_impl.tensor_parallel import sum_grad_over_ranks, sum_over_ranks
@@ -70,6 +72,8 @@ class RMSNorm(nn.Module):
             return self._sharded_rows(x, weight, row_group)
         if self.kernels == "fused":
             return _fused_add_rms_norm(tuple(self.options))(x, residual, weight, self.eps, **self.options)
+        if torch_decode_ops.takes(x, weight):  # a decode step's rows: the reference's math in one call
+            return torch_decode_ops.add_rms_norm(x, residual, weight, self.eps, **self.options)
         return reference.add_rms_norm_reference(x, residual, weight, self.eps, **self.options)
 
     def _sharded_rows(self, x: torch.Tensor, weight: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

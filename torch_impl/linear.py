@@ -110,9 +110,9 @@ def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     if not (
         (dtype is torch.float32 or dtype is torch.bfloat16)
         and weight.dtype is dtype
-        and x.device.type == "cpu"
-        and weight.device.type == "cpu"
-        and (bias is None or (bias.dtype is dtype and bias.device.type == "cpu"))
+        and x.is_cpu
+        and weight.is_cpu
+        and (bias is None or (bias.dtype is dtype and bias.is_cpu))
         and weight.is_contiguous()
         and not (
             torch.is_grad_enabled()
@@ -122,7 +122,7 @@ def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         return ("f_linear",)
     onednn = ("onednn",) if _onednn_available(x.dtype) else ()
     upcast = ("upcast",) if x.dtype == torch.bfloat16 else ()
-    gemv = ("gemv",) if torch_gemv.supports(x.reshape(-1, x.shape[-1]), weight, bias) else ()
+    gemv = ("gemv",) if torch_gemv.supports(x if x.dim() == 2 else x.reshape(-1, x.shape[-1]), weight, bias) else ()
     return ("f_linear", *onednn, *upcast, *gemv)
 
 

@@ -1,4 +1,5 @@
-"""Compiling and loading the CPU kernels (kernels/cpu/gemv.c, and its XLA binding gemv_ffi.cc for JAX).
+"""Compiling and loading the CPU kernels (kernels/cpu/gemv.c and its XLA binding gemv_ffi.cc for JAX;
+kernels/cpu/decode_ops.c).
 
 The kernels are C, compiled on the machine that runs them at first use, with its C compiler, into the project's
 cache directory (spec.default_cache_dir(): $XDG_CACHE_HOME/decoder-parity), under a name that hashes the sources
@@ -26,7 +27,9 @@ from pathlib import Path
 from spec.default import default_cache_dir
 
 HERE = Path(__file__).resolve().parent
-C_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-std=gnu11")  # compiling; the link adds -shared
+# compiling; the link adds -shared. No contraction of a * b + c into one rounding: where a kernel wants a fused
+# multiply-add it says so (gemv.c's intrinsics); decode_ops.c rounds as its reference does.
+C_FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=gnu11")
 CXX_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-std=c++17")
 REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what gemv.c is compiled for
 
@@ -53,8 +56,9 @@ def unavailable(name: str) -> str | None:
 @functools.cache
 def load(name: str, include_dirs: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The compiled library `name` ("gemv": gemv.c alone; "gemv_xla": gemv.c with the XLA FFI handlers of
-    gemv_ffi.cc, which need XLA's FFI headers in `include_dirs`), built at first use; None where it cannot be."""
-    sources = {"gemv": ("gemv.c",), "gemv_xla": ("gemv.c", "gemv_ffi.cc")}[name]
+    gemv_ffi.cc, which need XLA's FFI headers in `include_dirs`; "decode_ops": decode_ops.c), built at first use;
+    None where it cannot be."""
+    sources = {"gemv": ("gemv.c",), "gemv_xla": ("gemv.c", "gemv_ffi.cc"), "decode_ops": ("decode_ops.c",)}[name]
     reason = _unsupported()
     if reason is None:
         try:

@@ -52,9 +52,9 @@ def supports(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
         and weight.dim() == 2
         and 0 < x2.shape[0] <= MAX_ROWS
         and x2.shape[1] == weight.shape[1]
-        and x2.device.type == "cpu"
-        and weight.device.type == "cpu"
-        and (bias is None or (bias.dtype is dtype and bias.device.type == "cpu" and bias.shape == (weight.shape[0],)))
+        and x2.is_cpu
+        and weight.is_cpu
+        and (bias is None or (bias.dtype is dtype and bias.is_cpu and bias.shape == (weight.shape[0],)))
         and weight.is_contiguous()
         and available()
     )

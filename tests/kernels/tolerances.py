@@ -148,6 +148,32 @@ TOLERANCES: dict[tuple[str, str], tuple[str, float, str]] = {
         "torch)",
     ),
     ("d_gate_up", "float16"): ("term_ulp", 1.0, "as bfloat16"),
+    # The CPU decode-step operators (kernels/cpu/decode_ops.c) against the references they stand in for.
+    **{
+        ("rotary", dtype): (
+            "exact",
+            0.0,
+            "the reference's own float32 operations in its order (x * cos, rotate_half(x) * sin, their sum, one "
+            "rounding), built without fused multiply-adds (-ffp-contract=off): each a correctly rounded IEEE "
+            "operation, so the same bits on any processor",
+        )
+        for dtype in ("float32", "bfloat16")
+    },
+    ("attention", "float32"): (
+        "abs",
+        1e-5,
+        "each score is a d-term float32 dot product summed in another order than the reference's BLAS (8 lanes, "
+        "fused multiply-adds), a few float32 ulps of |q| |k| apart; the softmax turns a score's absolute error "
+        "into a relative one of its probability, and the output is a probability-weighted mean of v, so the "
+        "difference is a few such ulps of max|v| (measured: 2.9e-6, 20 seeds x 5 shapes, d up to 128, up to "
+        "2048 keys, inputs of scale 2)",
+    ),
+    ("attention", "bfloat16"): (
+        "abs",
+        2.0**-7 + 1e-5,
+        "the float32 row's difference, then one rounding to bfloat16 that it can flip: one bfloat16 ulp of a "
+        "value <= max|out| is <= 2**-7 of it (measured: 2.2e-3)",
+    ),
     # The model families' options (issue 15). add_rms_norm with offset alone (w applied as D(offset + w)) is the
     # "add_rms_norm" row: the same two roundings, the same 1 + 1 ulp argument. With float32_weight:
     ("add_rms_norm_float32_weight", "float32"): ("abs", 1e-6, _FP32_WHY),

@@ -1,0 +1,189 @@
+/* The small per-token operators of a decode step, one call each: add+RMSNorm, rotate-half RoPE and grouped
+ * attention over a KV cache. At a decode step's few rows each of these is a handful of elements per
+ * operator, and its cost in eager PyTorch is the 5-10 dispatches it takes (and the caches the weight stream has
+ * just flushed), not the arithmetic; one call does the same arithmetic once. torch_impl takes them only for
+ * decode-sized CPU inference (kernels/cpu/torch_decode_ops.py); their math is kernels/triton/reference.py's
+ * add_rms_norm_reference, torch_impl/rotary_embedding.py's apply_rotary and torch_impl/attention.py's attend,
+ * which the tests hold them to (SwiGLU is not here: torch's vectorized exp beats a scalar one at these sizes).
+ * Built and loaded by kernels/cpu/build.py.
+ *
+ * Storage float32 or bfloat16 (NAME_f32 / NAME_bf16), compute float32, each result rounded once where the
+ * reference rounds it (bfloat16: round to nearest even, as torch rounds). Built with -ffp-contract=off, so that
+ * a product and a sum are two roundings as in the reference, not one fused multiply-add; only the sums of
+ * squares and the attention products are summed in another order than torch's (8 lanes, then across them), the
+ * attention products with fused multiply-adds, as the BLAS behind the reference's einsum computes them.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* a quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                          /* to nearest, ties to even */
+    return (uint16_t)(u >> 16);
+}
+static inline float ld_f32(const float *p, long i) { return p[i]; }
+static inline float ld_bf16(const uint16_t *p, long i) { return bf16_to_f32(p[i]); }
+static inline void st_f32(float *p, long i, float v) { p[i] = v; }
+static inline void st_bf16(uint16_t *p, long i, float v) { p[i] = f32_to_bf16(v); }
+static inline float rnd_f32(float v) { return v; }
+static inline float rnd_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+static inline __m256 ld8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 ld8_bf16(const uint16_t *p) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+/* [sum of a[0]'s lanes, ..., sum of a[7]'s lanes]: eight dot products finished at once */
+static inline __m256 sums8(const __m256 *a) {
+    __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+static inline float sum1(__m256 a) {
+    __m256 all[8] = {a, a, a, a, a, a, a, a};
+    return _mm256_cvtss_f32(sums8(all));
+}
+
+/* sum of v[i]^2 in float32: 8 lanes of a vector register, then the lanes (a reordering of torch's sum) */
+static float sum_squares(const float *v, long n) {
+    __m256 acc = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(v + i);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, x));
+    }
+    float s = sum1(acc);
+    for (; i < n; i++) s += v[i] * v[i];
+    return s;
+}
+
+/* add_rms_norm_reference: s = rnd(x + residual) (the new residual, written to s_out) or s = x; then
+ *   float32_weight: out = rnd(normed * (offset + w))        else: out = rnd(rnd(offset + w) * rnd(normed))
+ * with normed = s * (1 / sqrt(mean(s^2) + eps)), all in float32. */
+#define DEFINE_NORM(NAME, T, LD, ST, RND)                                                                     \
+    void NAME(const T *x, const T *residual, const T *w, T *out, T *s_out, long rows, long dim, float eps,   \
+              float offset, int float32_weight) {                                                           \
+        float *s = malloc(sizeof(float) * dim); /* the row in float32 */                                     \
+        if (!s) abort();                                                                                     \
+        for (long r = 0; r < rows; r++) {                                                                    \
+            const T *xr = x + r * dim;                                                                       \
+            for (long i = 0; i < dim; i++) s[i] = residual ? RND(LD(xr, i) + LD(residual + r * dim, i)) : LD(xr, i); \
+            if (residual)                                                                                    \
+                for (long i = 0; i < dim; i++) ST(s_out + r * dim, i, s[i]);                                \
+            float inv = 1.0f / sqrtf(sum_squares(s, dim) / (float)dim + eps);                               \
+            for (long i = 0; i < dim; i++) {                                                                 \
+                float normed = s[i] * inv;                                                                   \
+                float v = float32_weight ? normed * (offset + LD(w, i))                                      \
+                                         : RND(offset != 0.0f ? offset + LD(w, i) : LD(w, i)) * RND(normed); \
+                ST(out + r * dim, i, v);                                                                     \
+            }                                                                                                \
+        }                                                                                                    \
+        free(s);                                                                                             \
+    }
+DEFINE_NORM(add_rms_norm_f32, float, ld_f32, st_f32, rnd_f32)
+DEFINE_NORM(add_rms_norm_bf16, uint16_t, ld_bf16, st_bf16, rnd_bf16)
+
+/* apply_rotary: x [rows, heads, d], cos/sin [rows, r] float32 (r even, r <= d): the first r dims of each head
+ * rotated, out = x * cos + rotate_half(x) * sin with rotate_half([a, b]) = [-b, a]; dims from r on copied. */
+#define DEFINE_ROTARY(NAME, T, LD, ST)                                                                        \
+    void NAME(const T *x, const float *cos, const float *sin, T *out, long rows, long heads, long d, long r) { \
+        long half = r / 2;                                                                                   \
+        for (long t = 0; t < rows; t++) {                                                                    \
+            const float *c = cos + t * r, *s = sin + t * r;                                                  \
+            for (long h = 0; h < heads; h++) {                                                               \
+                const T *xh = x + (t * heads + h) * d;                                                       \
+                T *oh = out + (t * heads + h) * d;                                                           \
+                for (long i = 0; i < half; i++) ST(oh, i, LD(xh, i) * c[i] + (-LD(xh, i + half)) * s[i]);   \
+                for (long i = half; i < r; i++) ST(oh, i, LD(xh, i) * c[i] + LD(xh, i - half) * s[i]);      \
+                for (long i = r; i < d; i++) oh[i] = xh[i];                                                  \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+DEFINE_ROTARY(rotary_f32, float, ld_f32, st_f32)
+DEFINE_ROTARY(rotary_bf16, uint16_t, ld_bf16, st_bf16)
+
+/* attend (torch_impl/attention.py) for one batch row: q [T, n_kv, g, d] contiguous, keys k[kv, s, :] at
+ * k + kv * k_head + s * d, values v[kv, :, s] at v + kv * v_head + i * v_row + s, mask [T, S] (nonzero: may
+ * attend) -> out [T, n_kv, g, d]. scores = (q . k) * scale, softcap (cap > 0): cap * tanh(scores / cap), masked
+ * scores the float32 minimum; softmax as torch's (exp(x - max) / sum); out = rnd(sum_s p[s] * v[:, s]). Both
+ * products are summed in 8 lanes, then across them; eight keys (or eight value rows) at a time, so that eight
+ * independent sums fill the pipeline instead of one waiting on itself (a full block always: past the last key or
+ * row the last one again, its sum dropped, so the block's loop has a fixed count and stays in registers). Each
+ * (step, kv head) is one thread's work on the OpenMP team (torch's own, as for gemv.c), so a long cache is read on
+ * every core the libraries would use, and no sum's order depends on the thread count. */
+#define DEFINE_ATTEND(NAME, T, LD, LD8, ST)                                                                   \
+    void NAME(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long steps, long n_kv, long g, \
+              long d, long keys, long k_head, long v_head, long v_row, float scale, float cap) {             \
+        long dv = d / 8 * 8, sv = keys / 8 * 8;                                                              \
+        _Pragma("omp parallel for collapse(2) schedule(static)")                                             \
+        for (long t = 0; t < steps; t++)                                                                     \
+            for (long kv = 0; kv < n_kv; kv++) {                                                             \
+                float *p = malloc(sizeof(float) * (keys + d)), *qf = p + keys; /* scores, a query in f32 */  \
+                if (!p) abort();                                                                             \
+                for (long j = 0; j < g; j++) {                                                               \
+                    const T *qr = q + ((t * n_kv + kv) * g + j) * d, *kh = k + kv * k_head;                  \
+                    for (long i = 0; i < d; i++) qf[i] = LD(qr, i);                                          \
+                    for (long s0 = 0; s0 < keys; s0 += 8) { /* eight keys' dot products at a time */         \
+                        long n = keys - s0 < 8 ? keys - s0 : 8;                                              \
+                        const T *row[8];                                                                     \
+                        for (long u = 0; u < 8; u++) row[u] = kh + (s0 + (u < n ? u : n - 1)) * d;           \
+                        __m256 acc[8];                                                                       \
+                        for (long u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();                           \
+                        for (long i = 0; i < dv; i += 8) {                                                   \
+                            __m256 qv = _mm256_loadu_ps(qf + i);                                             \
+                            for (long u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(qv, LD8(row[u] + i), acc[u]); \
+                        }                                                                                    \
+                        float dots[8];                                                                       \
+                        _mm256_storeu_ps(dots, sums8(acc));                                                  \
+                        for (long u = 0; u < n; u++) {                                                       \
+                            for (long i = dv; i < d; i++) dots[u] += qf[i] * LD(row[u], i);                  \
+                            p[s0 + u] = dots[u];                                                             \
+                        }                                                                                    \
+                    }                                                                                        \
+                    float top = -INFINITY, sum = 0.0f;                                                       \
+                    for (long s = 0; s < keys; s++) {                                                        \
+                        float x = p[s] * scale;                                                              \
+                        if (cap > 0.0f) x = tanhf(x / cap) * cap;                                            \
+                        if (!mask[t * keys + s]) x = -3.40282347e38f;                                        \
+                        p[s] = x;                                                                            \
+                        top = x > top ? x : top;                                                             \
+                    }                                                                                        \
+                    for (long s = 0; s < keys; s++) sum += (p[s] = expf(p[s] - top));                        \
+                    for (long s = 0; s < keys; s++) p[s] = p[s] / sum;                                       \
+                    const T *vh = v + kv * v_head;                                                           \
+                    T *o = out + ((t * n_kv + kv) * g + j) * d;                                              \
+                    for (long i0 = 0; i0 < d; i0 += 8) { /* eight value rows' sums at a time */              \
+                        long n = d - i0 < 8 ? d - i0 : 8;                                                    \
+                        const T *row[8];                                                                     \
+                        for (long u = 0; u < 8; u++) row[u] = vh + (i0 + (u < n ? u : n - 1)) * v_row;      \
+                        __m256 acc[8];                                                                       \
+                        for (long u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();                           \
+                        for (long s = 0; s < sv; s += 8) {                                                   \
+                            __m256 pv = _mm256_loadu_ps(p + s);                                              \
+                            for (long u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(pv, LD8(row[u] + s), acc[u]); \
+                        }                                                                                    \
+                        float sums[8];                                                                       \
+                        _mm256_storeu_ps(sums, sums8(acc));                                                  \
+                        for (long u = 0; u < n; u++) {                                                       \
+                            for (long s = sv; s < keys; s++) sums[u] += p[s] * LD(row[u], s);                \
+                            ST(o, i0 + u, sums[u]);                                                          \
+                        }                                                                                    \
+                    }                                                                                        \
+                }                                                                                            \
+                free(p);                                                                                     \
+            }                                                                                                \
+    }
+DEFINE_ATTEND(attend_f32, float, ld_f32, ld8_f32, st_f32)
+DEFINE_ATTEND(attend_bf16, uint16_t, ld_bf16, ld8_bf16, st_bf16)

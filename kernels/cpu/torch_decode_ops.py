@@ -1,0 +1,178 @@
+"""PyTorch launcher of a decode step's small operators (kernels/cpu/decode_ops.c): `add_rms_norm`, `rotary` and
+`attend`, each with its reference's contract (kernels/triton/reference.py's add_rms_norm_reference,
+torch_impl/rotary_embedding.py's apply_rotary, torch_impl/attention.py's attend): the same arguments, shapes,
+dtypes and roundings.
+
+At a decode step's few token rows these operators are dispatch-bound: each is 5-10 eager operators of a few
+microseconds on a few thousand elements. torch_impl's layers call one of these instead where `takes` holds (CPU
+inference, one token per row), a rule rather than a measurement: one call against several dispatches
+of the same arithmetic, on the same threads where there are any to use (attention over a long cache runs on
+torch's OpenMP team), which no processor turns around (benchmarks/cpu_decode.py measures the step with and
+without them). Elsewhere (a prompt, training, another device, a dispatch mode such as FlopCounterMode or a fake
+tensor, the profiler, a machine where the kernels could not be built) the layers keep the reference, so what
+autograd, the parity traces and the FLOP counts see is unchanged. Called through ctypes on the tensors' memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ctypes
+import functools
+from collections.abc import Iterator
+
+import torch
+
+from kernels.cpu import build
+
+MAX_ROWS = 8  # batch rows of a one-token step up to which a layer takes these: a decode step's
+_P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
+_SIGNATURES = {
+    "add_rms_norm": [_P, _P, _P, _P, _P, _L, _L, _F, _F, _I],
+    "rotary": [_P, _P, _P, _P, _L, _L, _L, _L],
+    "attend": [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F, _F],
+}
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_OFF = contextvars.ContextVar("torch_decode_ops.off", default=False)
+
+
+@functools.cache
+def _functions() -> dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None:
+    lib = build.load("decode_ops")
+    if lib is None:
+        return None
+    table = {}
+    for name, argtypes in _SIGNATURES.items():
+        for dtype, suffix in _SUFFIX.items():
+            fn = getattr(lib, f"{name}_{suffix}")
+            fn.argtypes, fn.restype = argtypes, None
+            table[name, dtype] = fn
+    return table
+
+
+def available() -> bool:
+    """Whether the kernels run here (kernels.cpu.build.unavailable("decode_ops"): why not)."""
+    return _functions() is not None
+
+
+@contextlib.contextmanager
+def reference_only() -> Iterator[None]:
+    """Within the block the layers keep the reference everywhere (this thread): the benchmark's and the tests'
+    side-by-side runs."""
+    token = _OFF.set(True)
+    try:
+        yield
+    finally:
+        _OFF.reset(token)
+
+
+def takes(x: torch.Tensor, *params: torch.Tensor) -> bool:
+    """Whether a layer runs its operator on `x` [B, T, ...] (and its `params`, a norm's weight) here: a decode step
+    (one token per row, T = 1, at most MAX_ROWS rows) of a CPU float32 or bfloat16 tensor with no gradient to
+    record, no dispatch mode or profiler watching, not within `reference_only()`, the kernels built. A prompt's
+    forward, the parity checks' forward passes and training keep the reference. (Asked by every norm, rotation
+    and attention of a decode step: plain comparisons, cheapest first.)"""
+    dtype = x.dtype
+    return (
+        (dtype is torch.float32 or dtype is torch.bfloat16)
+        and x.is_cpu
+        and x.dim() >= 3
+        and x.shape[1] == 1
+        and 0 < x.shape[0] <= MAX_ROWS
+        and not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
+        and not torch._C._len_torch_dispatch_stack()
+        and not torch.autograd.profiler._is_profiler_enabled
+        and not _OFF.get()
+        and available()
+    )
+
+
+def takes_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """`takes(q)`, with keys and values of q's dtype (a long cache too: the kernel reads it on torch's threads)."""
+    return k.dtype is q.dtype and v.dtype is q.dtype and takes(q, k, v)
+
+
+def _refuse(op: str, problem: str) -> ValueError:
+    return ValueError(f"kernels.cpu {op}: {problem}")
+
+
+def _same(op: str, x: torch.Tensor, *others: torch.Tensor) -> None:
+    """The operands share x's dtype (float32 or bfloat16) and the CPU, and the kernels are built (the layers asked
+    `takes` already; a direct caller is told what is wrong)."""
+    dtype = x.dtype
+    if (
+        (dtype is torch.float32 or dtype is torch.bfloat16)
+        and x.is_cpu
+        and all(t.dtype is dtype and t.is_cpu for t in others)
+    ):
+        if available():
+            return
+        raise _refuse(op, f"the kernels are not built here: {build.unavailable('decode_ops')}")
+    found = ", ".join(f"{t.dtype} on {t.device}" for t in (x, *others))
+    raise _refuse(op, f"needs float32 or bfloat16 CPU tensors of one dtype; got {found}")
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    offset: float = 0.0,
+    float32_weight: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """add_rms_norm_reference's result: out [..., H], or (out, new residual) with a residual."""
+    _same("add_rms_norm", x, weight, *(() if residual is None else (residual,)))
+    dim = x.shape[-1]
+    if weight.shape != (dim,) or (residual is not None and residual.shape != x.shape):
+        got = f"residual {None if residual is None else tuple(residual.shape)}, weight {tuple(weight.shape)}"
+        raise _refuse("add_rms_norm", f"x {tuple(x.shape)} needs weight ({dim},) and a residual of its shape; {got}")
+    x, weight = x.contiguous(), weight.contiguous()  # bound: a temporary's memory is freed with it
+    residual = None if residual is None else residual.contiguous()
+    out = torch.empty_like(x)
+    new = None if residual is None else torch.empty_like(x)
+    _functions()["add_rms_norm", x.dtype](
+        x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
+        None if new is None else new.data_ptr(), x.numel() // dim, dim, eps, offset, float32_weight,
+    )  # fmt: skip
+    return out if new is None else (out, new)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary's result: x [B, T, n, d] with cos, sin [B, T, r] float32 (r even, r <= d)."""
+    _same("rotary", x)
+    b, t, n, d = x.shape
+    r = cos.shape[-1]
+    if cos.shape != (b, t, r) or sin.shape != cos.shape or r % 2 or r > d:
+        got = f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}"
+        raise _refuse("rotary", f"x {tuple(x.shape)} needs cos, sin [{b}, {t}, r] with r even, r <= {d}; got {got}")
+    if cos.dtype is not torch.float32 or sin.dtype is not torch.float32:
+        raise _refuse("rotary", f"cos and sin must be float32, got {cos.dtype} and {sin.dtype}")
+    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    out = torch.empty_like(x)
+    _functions()["rotary", x.dtype](x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), b * t, n, d, r)
+    return out
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None = None
+) -> torch.Tensor:
+    """torch_impl.attention.attend's result: q [B, T, n_kv, g, d], k [B, n_kv, S, d], v [B, n_kv, d, S] (the KV
+    cache's views: rows of keys and of values contiguous), mask [B, T, S] bool -> [B, T, n_kv, g, d]."""
+    _same("attend", q, k, v)
+    b, t, n_kv, g, d = q.shape
+    s = k.shape[2]
+    if k.shape != (b, n_kv, s, d) or v.shape != (b, n_kv, d, s) or mask.shape != (b, t, s) or mask.dtype != torch.bool:
+        want = f"k [{b}, {n_kv}, S, {d}], v [{b}, {n_kv}, {d}, S], mask [{b}, {t}, S] bool"
+        got = f"k {tuple(k.shape)}, v {tuple(v.shape)}, mask {tuple(mask.shape)} {mask.dtype}"
+        raise _refuse("attend", f"q {tuple(q.shape)} needs {want}; got {got}")
+    if k.stride(3) != 1 or k.stride(2) != d or v.stride(3) != 1:
+        k, v = k.contiguous(), v.contiguous()  # the cache's own views never need this
+    q, mask = q.contiguous(), mask.contiguous()
+    out = torch.empty_like(q)
+    fn, cap = _functions()["attend", q.dtype], 0.0 if softcap is None else softcap
+    pointers = [(t.data_ptr(), t.stride(0) * t.element_size()) for t in (q, k, v, mask, out)]
+    for row in range(b):  # [T, n_kv, g, d] of one batch row: each operand's address of that row
+        fn(*[start + row * step for start, step in pointers], t, n_kv, g, d, s, k.stride(1), v.stride(1), v.stride(2),
+           scale, cap)  # fmt: skip
+    return out

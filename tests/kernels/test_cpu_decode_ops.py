@@ -1,0 +1,189 @@
+"""kernels/cpu/decode_ops.c through its torch launcher (torch_decode_ops.py): each operator against the reference it
+stands in for at a decode step, held to the kernel tolerance table's row (odd widths, float32 and bfloat16,
+non-contiguous inputs, Gemma's and OLMo 2's norm options, soft-capping, fully masked rows); the rule that decides
+when torch_impl's layers take it; a whole decode through it against the same decode on the reference; and errors
+that name the operand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import spec
+import torch_impl
+from kernels.cpu import build, torch_decode_ops
+from kernels.triton.reference import add_rms_norm_reference
+from tests.kernels.tolerances import assert_within_tolerance
+from torch_impl.attention import attend
+from torch_impl.rotary_embedding import apply_rotary
+
+CAN_BUILD = build._unsupported() is None  # x86-64 with AVX2 and FMA, and a C compiler: every CI machine
+pytestmark = pytest.mark.skipif(not CAN_BUILD, reason=f"the CPU kernels cannot be built here: {build._unsupported()}")
+DTYPES = [torch.float32, torch.bfloat16]
+NORM_OPTIONS = [{}, {"offset": 1.0}, {"float32_weight": True}, {"offset": 1.0, "float32_weight": True}]
+
+
+def name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
+
+
+def numpy(t: torch.Tensor) -> np.ndarray:
+    return t.float().numpy()
+
+
+def test_the_kernels_build_where_they_can():
+    """Where gemv.c builds, decode_ops.c must too: a broken source fails here instead of the layers quietly keeping
+    the reference."""
+    assert build.load("decode_ops") is not None, build.unavailable("decode_ops")
+    assert torch_decode_ops.available()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, 7, 64, 1031])
+@pytest.mark.parametrize("options", NORM_OPTIONS, ids=["plain", "offset", "f32_weight", "gemma"])
+def test_add_rms_norm_matches_the_reference(dtype, dim, options):
+    base = randn(3, 2, dim, dtype=dtype, seed=dim, scale=2.0)
+    x, residual = base[:, 1:], randn(3, 2, dim, dtype=dtype, seed=dim + 1, scale=4.0)[:, :1]  # [3, 1, dim], strided
+    weight = randn(dim, dtype=dtype, seed=dim + 2, scale=0.5) + 1
+    row = "add_rms_norm_float32_weight" if options.get("float32_weight") else "add_rms_norm"
+    with torch.inference_mode():
+        out, new = torch_decode_ops.add_rms_norm(x, residual, weight, 1e-6, **options)
+        ref_out, ref_new = add_rms_norm_reference(x, residual, weight, 1e-6, **options)
+        alone = torch_decode_ops.add_rms_norm(x, None, weight, 1e-6, **options)
+        ref_alone = add_rms_norm_reference(x, None, weight, 1e-6, **options)
+    assert out.dtype == new.dtype == dtype and out.shape == new.shape == x.shape
+    assert_within_tolerance(numpy(new), numpy(ref_new), "new_residual", name(dtype), "residual")
+    assert_within_tolerance(numpy(out), numpy(ref_out), row, name(dtype), "with a residual")
+    assert_within_tolerance(numpy(alone), numpy(ref_alone), row, name(dtype), "alone")
+
+
+def test_rms_norm_known_answer():
+    """RMSNorm of [3, 4] with eps ~0 and a unit weight is [3, 4] / sqrt(12.5) = [0.8485, 1.1314]."""
+    x = torch.tensor([[[3.0, 4.0]]])
+    with torch.inference_mode():
+        out = torch_decode_ops.add_rms_norm(x, None, torch.ones(2), 1e-12)
+    np.testing.assert_allclose(out.numpy()[0, 0], [0.8485, 1.1314], atol=1e-4)
+
+
+def rope(batch: int, rotary: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [batch, 1, rotary] float32 at positions 0, 37, 74, ... (the rotate-half layout of both halves)."""
+    inv = 1.0 / 10000 ** (torch.arange(0, rotary, 2).float() / rotary)
+    freqs = (torch.arange(batch) * 37).float()[:, None, None] * inv  # [B, 1, r/2]
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "head_dim", "rotary"), [(16, 128, 128), (3, 10, 10), (5, 24, 8)])
+def test_rotary_matches_the_reference(dtype, heads, head_dim, rotary):
+    """Full and partial (GPT-NeoX: the first `rotary` dims) rotation, bit for bit (the table's "exact" row)."""
+    x = randn(2, 1, heads, head_dim, dtype=dtype, seed=heads, scale=2.0)
+    cos, sin = rope(2, rotary)
+    with torch.inference_mode():
+        out = torch_decode_ops.rotary(x, cos, sin)
+        with torch_decode_ops.reference_only():
+            ref = apply_rotary(x, cos, sin)
+    assert_within_tolerance(numpy(out), numpy(ref), "rotary", name(dtype))
+
+
+def cache_views(b: int, n_kv: int, d: int, keys: int, dtype: torch.dtype, seed: int):
+    """Keys [B, n_kv, S, d] and values [B, n_kv, d, S] as the KV cache hands them out: views of longer buffers."""
+    k = randn(b, n_kv, keys + 5, d, dtype=dtype, seed=seed, scale=2.0)
+    v = randn(b, n_kv, d, keys + 5, dtype=dtype, seed=seed + 1, scale=2.0)
+    return k.narrow(2, 0, keys), v.narrow(3, 0, keys)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("b", "n_kv", "groups", "d", "keys"), [(1, 8, 2, 128, 25), (2, 3, 1, 7, 1), (3, 2, 3, 20, 37)])
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_attention_matches_the_reference(dtype, b, n_kv, groups, d, keys, softcap):
+    q = randn(b, 1, n_kv, groups, d, dtype=dtype, seed=keys, scale=2.0)
+    k, v = cache_views(b, n_kv, d, keys, dtype, seed=d)
+    mask = torch.rand(b, 1, keys, generator=torch.Generator().manual_seed(keys)) > 0.3
+    mask[:, :, 0] = True
+    with torch.inference_mode():
+        out = torch_decode_ops.attend(q, k, v, mask, d**-0.5, softcap)
+        with torch_decode_ops.reference_only():
+            ref = attend(q, k, v, mask, d**-0.5, softcap)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert_within_tolerance(numpy(out), numpy(ref), "attention", name(dtype))
+
+
+def test_a_fully_masked_row_is_the_references_uniform_mean_not_nan():
+    q = randn(2, 1, 2, 2, 16, dtype=torch.float32, seed=0)
+    k, v = cache_views(2, 2, 16, 9, torch.float32, seed=1)
+    mask = torch.ones(2, 1, 9, dtype=torch.bool)
+    mask[1] = False  # a padding row: nothing to attend to
+    with torch.inference_mode():
+        out = torch_decode_ops.attend(q, k, v, mask, 0.25)
+        with torch_decode_ops.reference_only():
+            ref = attend(q, k, v, mask, 0.25)
+    assert torch.isfinite(out).all()
+    assert_within_tolerance(numpy(out), numpy(ref), "attention", "float32")
+
+
+def test_the_rule_takes_decode_steps_only():
+    """One token per row, at most MAX_ROWS rows, CPU float32/bfloat16, nothing to differentiate, nobody watching."""
+    step = torch.zeros(2, 1, 64)
+    with torch.inference_mode():
+        assert torch_decode_ops.takes(step)
+        assert not torch_decode_ops.takes(torch.zeros(2, 3, 64))  # a prompt
+        assert not torch_decode_ops.takes(torch.zeros(torch_decode_ops.MAX_ROWS + 1, 1, 64))
+        assert not torch_decode_ops.takes(step.half())
+        assert not torch_decode_ops.takes(torch.zeros(2, 64))  # not [B, T, ...]
+        with torch_decode_ops.reference_only():
+            assert not torch_decode_ops.takes(step)
+        with FlopCounterMode(display=False):  # a dispatch mode sees the reference's operators
+            assert not torch_decode_ops.takes(step)
+    weight = torch.nn.Parameter(torch.ones(64))
+    assert not torch_decode_ops.takes(step, weight)  # autograd would record the weight's gradient
+    with torch.no_grad():
+        assert torch_decode_ops.takes(step, weight)
+
+
+def test_bad_operands_name_the_problem():
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match=r"weight \(64,\)"):
+            torch_decode_ops.add_rms_norm(torch.zeros(1, 1, 64), None, torch.ones(63), 1e-6)
+        with pytest.raises(ValueError, match="one dtype"):
+            torch_decode_ops.add_rms_norm(torch.zeros(1, 1, 64), None, torch.ones(64, dtype=torch.bfloat16), 1e-6)
+        with pytest.raises(ValueError, match="r even"):
+            torch_decode_ops.rotary(torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 9), torch.zeros(1, 1, 9))
+        q = torch.zeros(1, 1, 2, 1, 8)
+        with pytest.raises(ValueError, match=r"mask \[1, 1, S\] bool"):
+            torch_decode_ops.attend(q, torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 8, 3), torch.ones(1, 1, 3), 1.0)
+
+
+def test_generation_through_the_kernels_equals_the_reference(tmp_path):
+    """The default checkpoint decoded greedily, float32: the same tokens, and every step's logits within the
+    float32 parity bound of the decode kept on the reference (the kernels run at every decode step: counted)."""
+    from parity.tolerances import TOLERANCES
+
+    model = torch_impl.from_pretrained(spec.default_checkpoint(tmp_path))
+    prompt = [[5, 9, 200, 17], [3, 1, 4, 1]]
+    calls = {"n": 0}
+    launch = torch_decode_ops._functions()["attend", torch.float32]
+
+    def counted(*args):
+        calls["n"] += 1
+        return launch(*args)
+
+    torch_decode_ops._functions()["attend", torch.float32] = counted
+    try:
+        fast = torch_impl.generate(model, prompt, 8, eos_token_ids=(), return_logits=True)
+    finally:
+        torch_decode_ops._functions()["attend", torch.float32] = launch
+    with torch_decode_ops.reference_only():
+        ref = torch_impl.generate(model, prompt, 8, eos_token_ids=(), return_logits=True)
+    assert calls["n"] == 7 * model.spec.num_hidden_layers * len(prompt)  # 7 decode steps, every layer, each row
+    np.testing.assert_array_equal(fast.tokens, ref.tokens)
+    bound = TOLERANCES["float32"].max_rel
+    for step, (a, b) in enumerate(zip(fast.logits, ref.logits, strict=True)):
+        assert np.abs(a - b).max() <= bound * np.abs(b).max(), step

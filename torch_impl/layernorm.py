@@ -4,9 +4,9 @@
 Mirrors jax_impl/layernorm.py. RMSNorm(x) = g * x / sqrt(mean(x^2) + eps): no mean subtraction, an fp32
 reduction, eps inside the square root. With a residual it returns (normed, new_residual) where
 new_residual = x + residual rounded to the activation dtype (docs/design.md, "The dual-variable flow"). The math
-lives in kernels/triton/reference.py; `kernels="fused"` runs the Triton kernel with the same contract; a decode step's
-few rows on the CPU run that math in one C call (kernels/cpu/torch_decode_ops.py). LayerNorm
-has no kernel: both `kernels` choices run the reference math below.
+lives in kernels/triton/reference.py; `kernels="fused"` runs the Triton kernel with the same contract; a CPU decode
+step's few rows run that math in one C call (kernels/cpu/torch_decode_ops.py). LayerNorm has no kernel: both
+`kernels` choices run the reference math below.
 """
 
 from __future__ import annotations

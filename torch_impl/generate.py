@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from kernels.cpu import torch_decode_ops
 from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
 from torch_impl.kv_cache import KVCache
 from torch_impl.model import CausalLM
@@ -125,7 +126,8 @@ def decode_loop(
         if step == max_new_tokens - 1 or bool(finished.all()):  # under TP tokens agree: ranks stop together
             break
         mask[:, prompt_len + step] = 1
-        last = model(token[:, None], attention_mask=mask[:, : prompt_len + step + 1], cache=cache, last_only=True)
+        with torch_decode_ops.decode_steps():  # one token per row: the CPU's small operators in C where they apply
+            last = model(token[:, None], attention_mask=mask[:, : prompt_len + step + 1], cache=cache, last_only=True)
         last = last[:, -1]  # [B, V]
     end = time.perf_counter()
     return Generation(collect_tokens(steps, eos), prefill_done - start, end - prefill_done, None)

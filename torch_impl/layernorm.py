@@ -72,7 +72,7 @@ class RMSNorm(nn.Module):
             return self._sharded_rows(x, weight, row_group)
         if self.kernels == "fused":
             return _fused_add_rms_norm(tuple(self.options))(x, residual, weight, self.eps, **self.options)
-        if torch_decode_ops.takes(x, weight):  # a decode step's rows: the reference's math in one call
+        if torch_decode_ops.takes(x, weight, residual):  # a decode step's rows: the reference's math in one call
             return torch_decode_ops.add_rms_norm(x, residual, weight, self.eps, **self.options)
         return reference.add_rms_norm_reference(x, residual, weight, self.eps, **self.options)
 

@@ -26,7 +26,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, T, n, d]; cos, sin [B, T, r] float32 with r <= d: the first r dims of each head are rotated."""
-    if torch_decode_ops.takes(x):  # a decode step's few rows: this function's math in one C call
+    if torch_decode_ops.takes(x, cos, sin):  # a decode step's few rows: this function's math in one C call
         return torch_decode_ops.rotary(x, cos, sin)
     rotary = cos.shape[-1]
     if rotary < x.shape[-1]:  # partial rotary: rotate x[..., :r], keep x[..., r:]

@@ -1,8 +1,8 @@
 /* The small per-token operators of a decode step, one call each: add+RMSNorm, rotate-half RoPE and grouped
  * attention over a KV cache. At a decode step's few rows each of these is a handful of elements per
  * operator, and its cost in eager PyTorch is the 5-10 dispatches it takes (and the caches the weight stream has
- * just flushed), not the arithmetic; one call does the same arithmetic once. torch_impl takes them only for
- * decode-sized CPU inference (kernels/cpu/torch_decode_ops.py); their math is kernels/triton/reference.py's
+ * just flushed), not the arithmetic; one call does the same arithmetic once. torch_impl takes them only in its
+ * generation's CPU decode steps (kernels/cpu/torch_decode_ops.py); their math is kernels/triton/reference.py's
  * add_rms_norm_reference, torch_impl/rotary_embedding.py's apply_rotary and torch_impl/attention.py's attend,
  * which the tests hold them to (SwiGLU is not here: torch's vectorized exp beats a scalar one at these sizes).
  * Built and loaded by kernels/cpu/build.py.

@@ -4,13 +4,14 @@ torch_impl/rotary_embedding.py's apply_rotary, torch_impl/attention.py's attend)
 dtypes and roundings.
 
 At a decode step's few token rows these operators are dispatch-bound: each is 5-10 eager operators of a few
-microseconds on a few thousand elements. torch_impl's layers call one of these instead where `takes` holds (CPU
-inference, one token per row), a rule rather than a measurement: one call against several dispatches
-of the same arithmetic, on the same threads where there are any to use (attention over a long cache runs on
-torch's OpenMP team), which no processor turns around (benchmarks/cpu_decode.py measures the step with and
-without them). Elsewhere (a prompt, training, another device, a dispatch mode such as FlopCounterMode or a fake
-tensor, the profiler, a machine where the kernels could not be built) the layers keep the reference, so what
-autograd, the parity traces and the FLOP counts see is unchanged. Called through ctypes on the tensors' memory.
+microseconds on a few thousand elements. torch_impl's layers call one of these instead where `takes` holds, a
+rule rather than a measurement: one call against several dispatches of the same arithmetic, on the same threads
+where there are any to use (attention over a long cache runs on torch's OpenMP team), which no processor turns
+around (benchmarks/cpu_decode.py measures the step with and without them). Only torch_impl's generation opts in
+(`decode_steps()`, around each decode step); everywhere else (a prompt, training, the parity checks and their
+mutants, another device, a dispatch or function mode such as FlopCounterMode or a fake tensor, the profiler, a
+machine where the kernels could not be built) the layers keep the reference, so what autograd, the parity traces
+and the FLOP counts see is unchanged. Called through ctypes on the tensors' memory.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from collections.abc import Iterator
 import torch
 
 from kernels.cpu import build
+from kernels.triton.reference import check_add_rms_norm_args
 
-MAX_ROWS = 8  # batch rows of a one-token step up to which a layer takes these: a decode step's
+MAX_ROWS = 8  # the most batch rows of a decode step the layers take these for (a larger batch: the reference)
 _P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {
     "add_rms_norm": [_P, _P, _P, _P, _P, _L, _L, _F, _F, _I],
@@ -33,6 +35,7 @@ _SIGNATURES = {
     "attend": [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F, _F],
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_DECODING = contextvars.ContextVar("torch_decode_ops.decoding", default=False)
 _OFF = contextvars.ContextVar("torch_decode_ops.off", default=False)
 
 
@@ -56,9 +59,21 @@ def available() -> bool:
 
 
 @contextlib.contextmanager
+def decode_steps() -> Iterator[None]:
+    """Within the block (this thread) the layers may take these operators: torch_impl/generate.py enters it for its
+    decode steps only, so that no other forward -- a prompt, a parity trace or mutant of one token, training --
+    changes what it computes with."""
+    token = _DECODING.set(True)
+    try:
+        yield
+    finally:
+        _DECODING.reset(token)
+
+
+@contextlib.contextmanager
 def reference_only() -> Iterator[None]:
-    """Within the block the layers keep the reference everywhere (this thread): the benchmark's and the tests'
-    side-by-side runs."""
+    """Within the block the layers keep the reference everywhere, decode steps included (this thread): the
+    benchmark's and the tests' side-by-side runs."""
     token = _OFF.set(True)
     try:
         yield
@@ -66,23 +81,25 @@ def reference_only() -> Iterator[None]:
         _OFF.reset(token)
 
 
-def takes(x: torch.Tensor, *params: torch.Tensor) -> bool:
-    """Whether a layer runs its operator on `x` [B, T, ...] (and its `params`, a norm's weight) here: a decode step
-    (one token per row, T = 1, at most MAX_ROWS rows) of a CPU float32 or bfloat16 tensor with no gradient to
-    record, no dispatch mode or profiler watching, not within `reference_only()`, the kernels built. A prompt's
-    forward, the parity checks' forward passes and training keep the reference. (Asked by every norm, rotation
-    and attention of a decode step: plain comparisons, cheapest first.)"""
+def takes(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
+    """Whether a layer runs its operator on `x` [B, T, ...] (and its other `operands`: a norm's weight and
+    residual, RoPE's cos and sin) here: inside `decode_steps()` and not `reference_only()`, one token per row
+    (T = 1) and at most MAX_ROWS rows, a CPU float32 or bfloat16 tensor, nothing to differentiate, no dispatch or
+    function mode and no profiler watching, the kernels built. (Asked by every norm, rotation and attention of a
+    decode step: plain comparisons, cheapest first.)"""
     dtype = x.dtype
     return (
-        (dtype is torch.float32 or dtype is torch.bfloat16)
+        _DECODING.get()
+        and not _OFF.get()
+        and (dtype is torch.float32 or dtype is torch.bfloat16)
         and x.is_cpu
         and x.dim() >= 3
         and x.shape[1] == 1
         and 0 < x.shape[0] <= MAX_ROWS
-        and not (torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)))
+        and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *operands)))
         and not torch._C._len_torch_dispatch_stack()
+        and not torch._C._is_torch_function_mode_enabled()
         and not torch.autograd.profiler._is_profiler_enabled
-        and not _OFF.get()
         and available()
     )
 
@@ -122,11 +139,9 @@ def add_rms_norm(
     float32_weight: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm_reference's result: out [..., H], or (out, new residual) with a residual."""
+    check_add_rms_norm_args(x, residual, weight, eps)  # the reference's own checks: the same calls are legal
     _same("add_rms_norm", x, weight, *(() if residual is None else (residual,)))
     dim = x.shape[-1]
-    if weight.shape != (dim,) or (residual is not None and residual.shape != x.shape):
-        got = f"residual {None if residual is None else tuple(residual.shape)}, weight {tuple(weight.shape)}"
-        raise _refuse("add_rms_norm", f"x {tuple(x.shape)} needs weight ({dim},) and a residual of its shape; {got}")
     x, weight = x.contiguous(), weight.contiguous()  # bound: a temporary's memory is freed with it
     residual = None if residual is None else residual.contiguous()
     out = torch.empty_like(x)

@@ -1,8 +1,8 @@
 """kernels/cpu/decode_ops.c through its torch launcher (torch_decode_ops.py): each operator against the reference it
 stands in for at a decode step, held to the kernel tolerance table's row (odd widths, float32 and bfloat16,
 non-contiguous inputs, Gemma's and OLMo 2's norm options, soft-capping, fully masked rows); the rule that decides
-when torch_impl's layers take it; a whole decode through it against the same decode on the reference; and errors
-that name the operand.
+when torch_impl's layers take it (generation's decode steps only); a whole decode through it against the same
+decode on the reference; and errors that name the operand (the norm's: its reference's own).
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import spec
 import torch_impl
+import torch_impl.layernorm
 from kernels.cpu import build, torch_decode_ops
 from kernels.triton.reference import add_rms_norm_reference
 from tests.kernels.tolerances import assert_within_tolerance
@@ -129,31 +131,58 @@ def test_a_fully_masked_row_is_the_references_uniform_mean_not_nan():
     assert_within_tolerance(numpy(out), numpy(ref), "attention", "float32")
 
 
-def test_the_rule_takes_decode_steps_only():
-    """One token per row, at most MAX_ROWS rows, CPU float32/bfloat16, nothing to differentiate, nobody watching."""
+class Watching(TorchFunctionMode):
+    """A function mode that only passes calls through (a tracer or logger would see each operator)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_rule_takes_generations_decode_steps_only():
+    """Inside generate's `decode_steps()` only: one token per row, at most MAX_ROWS rows, CPU float32/bfloat16,
+    nothing to differentiate, nobody watching."""
     step = torch.zeros(2, 1, 64)
     with torch.inference_mode():
-        assert torch_decode_ops.takes(step)
-        assert not torch_decode_ops.takes(torch.zeros(2, 3, 64))  # a prompt
-        assert not torch_decode_ops.takes(torch.zeros(torch_decode_ops.MAX_ROWS + 1, 1, 64))
-        assert not torch_decode_ops.takes(step.half())
-        assert not torch_decode_ops.takes(torch.zeros(2, 64))  # not [B, T, ...]
-        with torch_decode_ops.reference_only():
-            assert not torch_decode_ops.takes(step)
-        with FlopCounterMode(display=False):  # a dispatch mode sees the reference's operators
-            assert not torch_decode_ops.takes(step)
-    weight = torch.nn.Parameter(torch.ones(64))
-    assert not torch_decode_ops.takes(step, weight)  # autograd would record the weight's gradient
-    with torch.no_grad():
-        assert torch_decode_ops.takes(step, weight)
+        assert not torch_decode_ops.takes(step)  # a one-token forward outside generation: a parity trace, a mutant
+        with torch_decode_ops.decode_steps():
+            assert torch_decode_ops.takes(step)
+            assert not torch_decode_ops.takes(torch.zeros(2, 3, 64))  # several tokens a row
+            assert not torch_decode_ops.takes(torch.zeros(torch_decode_ops.MAX_ROWS + 1, 1, 64))
+            assert not torch_decode_ops.takes(step.half())
+            assert not torch_decode_ops.takes(torch.zeros(2, 64))  # not [B, T, ...]
+            with torch_decode_ops.reference_only():
+                assert not torch_decode_ops.takes(step)
+            with FlopCounterMode(display=False):  # a dispatch mode sees the reference's operators
+                assert not torch_decode_ops.takes(step)
+            with Watching():  # so does a function mode
+                assert not torch_decode_ops.takes(step)
+    weight, residual = torch.nn.Parameter(torch.ones(64)), torch.zeros(2, 1, 64, requires_grad=True)
+    with torch_decode_ops.decode_steps():
+        assert not torch_decode_ops.takes(step, weight)  # autograd would record the weight's gradient
+        assert not torch_decode_ops.takes(step, torch.ones(64), residual)  # or the residual's
+        with torch.no_grad():
+            assert torch_decode_ops.takes(step, weight, residual)
+
+
+def test_a_norm_that_needs_a_gradient_keeps_autograd():
+    """A residual that requires a gradient inside decode steps: the reference runs and records it."""
+    norm = torch_impl.layernorm.RMSNorm(8, 1e-6)
+    norm.weight.requires_grad_(False)
+    residual = torch.randn(1, 1, 8, requires_grad=True)
+    with torch_decode_ops.decode_steps():
+        out, new = norm(torch.randn(1, 1, 8), residual)
+    assert out.grad_fn is not None and new.grad_fn is not None
 
 
 def test_bad_operands_name_the_problem():
     with torch.inference_mode():
-        with pytest.raises(ValueError, match=r"weight \(64,\)"):
+        # the reference's own checks: the same calls are legal on both paths, refused with the same error
+        with pytest.raises(ValueError, match=r"weight has shape \(63,\), expected \(64,\)"):
             torch_decode_ops.add_rms_norm(torch.zeros(1, 1, 64), None, torch.ones(63), 1e-6)
-        with pytest.raises(ValueError, match="one dtype"):
+        with pytest.raises(TypeError, match="weight has dtype torch.bfloat16"):
             torch_decode_ops.add_rms_norm(torch.zeros(1, 1, 64), None, torch.ones(64, dtype=torch.bfloat16), 1e-6)
+        with pytest.raises(ValueError, match="eps must be"):
+            torch_decode_ops.add_rms_norm(torch.zeros(1, 1, 64), None, torch.ones(64), 0.0)
         with pytest.raises(ValueError, match="r even"):
             torch_decode_ops.rotary(torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 9), torch.zeros(1, 1, 9))
         q = torch.zeros(1, 1, 2, 1, 8)

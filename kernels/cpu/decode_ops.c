@@ -114,19 +114,41 @@ DEFINE_NORM(add_rms_norm_bf16, uint16_t, ld_bf16, st_bf16, rnd_bf16)
 DEFINE_ROTARY(rotary_f32, float, ld_f32, st_f32)
 DEFINE_ROTARY(rotary_bf16, uint16_t, ld_bf16, st_bf16)
 
+/* out[u] = sum_i a[i] * row_u[i] (i < len) for the n <= 8 rows row_u = first + u * stride: summed in 8 lanes, then
+ * across them (sums8), then the tail. Eight rows at a time, so that eight independent sums fill the pipeline
+ * instead of one waiting on itself; a block short of eight repeats its last row (those sums are dropped), so the
+ * loop over the rows has a fixed count and the accumulators stay in registers. */
+#define DEFINE_DOTS8(NAME, T, LD, LD8)                                                                        \
+    static inline void NAME(const float *a, const T *first, long stride, long n, long len, float *out) {     \
+        const T *row[8];                                                                                     \
+        for (long u = 0; u < 8; u++) row[u] = first + (u < n ? u : n - 1) * stride;                          \
+        __m256 acc[8];                                                                                       \
+        for (long u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();                                           \
+        long vec = len / 8 * 8;                                                                              \
+        for (long i = 0; i < vec; i += 8) {                                                                  \
+            __m256 av = _mm256_loadu_ps(a + i);                                                              \
+            for (long u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(av, LD8(row[u] + i), acc[u]);             \
+        }                                                                                                    \
+        float sums[8];                                                                                       \
+        _mm256_storeu_ps(sums, sums8(acc));                                                                  \
+        for (long u = 0; u < n; u++) {                                                                       \
+            for (long i = vec; i < len; i++) sums[u] += a[i] * LD(row[u], i);                                \
+            out[u] = sums[u];                                                                                \
+        }                                                                                                    \
+    }
+DEFINE_DOTS8(dots8_f32, float, ld_f32, ld8_f32)
+DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16)
+
 /* attend (torch_impl/attention.py) for one batch row: q [T, n_kv, g, d] contiguous, keys k[kv, s, :] at
  * k + kv * k_head + s * d, values v[kv, :, s] at v + kv * v_head + i * v_row + s, mask [T, S] (nonzero: may
  * attend) -> out [T, n_kv, g, d]. scores = (q . k) * scale, softcap (cap > 0): cap * tanh(scores / cap), masked
  * scores the float32 minimum; softmax as torch's (exp(x - max) / sum); out = rnd(sum_s p[s] * v[:, s]). Both
- * products are summed in 8 lanes, then across them; eight keys (or eight value rows) at a time, so that eight
- * independent sums fill the pipeline instead of one waiting on itself (a full block always: past the last key or
- * row the last one again, its sum dropped, so the block's loop has a fixed count and stays in registers). Each
- * (step, kv head) is one thread's work on the OpenMP team (torch's own, as for gemv.c), so a long cache is read on
- * every core the libraries would use, and no sum's order depends on the thread count. */
-#define DEFINE_ATTEND(NAME, T, LD, LD8, ST)                                                                   \
+ * products are DOTS8's: eight keys, then eight value rows, at a time, with fused multiply-adds. Each (step, kv
+ * head) is one thread's work on the OpenMP team (torch's own, as for gemv.c), so a long cache is read on every
+ * core the libraries would use, and no sum's order depends on the thread count. */
+#define DEFINE_ATTEND(NAME, T, LD, DOTS8, ST)                                                                 \
     void NAME(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long steps, long n_kv, long g, \
               long d, long keys, long k_head, long v_head, long v_row, float scale, float cap) {             \
-        long dv = d / 8 * 8, sv = keys / 8 * 8;                                                              \
         _Pragma("omp parallel for collapse(2) schedule(static)")                                             \
         for (long t = 0; t < steps; t++)                                                                     \
             for (long kv = 0; kv < n_kv; kv++) {                                                             \
@@ -135,23 +157,8 @@ DEFINE_ROTARY(rotary_bf16, uint16_t, ld_bf16, st_bf16)
                 for (long j = 0; j < g; j++) {                                                               \
                     const T *qr = q + ((t * n_kv + kv) * g + j) * d, *kh = k + kv * k_head;                  \
                     for (long i = 0; i < d; i++) qf[i] = LD(qr, i);                                          \
-                    for (long s0 = 0; s0 < keys; s0 += 8) { /* eight keys' dot products at a time */         \
-                        long n = keys - s0 < 8 ? keys - s0 : 8;                                              \
-                        const T *row[8];                                                                     \
-                        for (long u = 0; u < 8; u++) row[u] = kh + (s0 + (u < n ? u : n - 1)) * d;           \
-                        __m256 acc[8];                                                                       \
-                        for (long u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();                           \
-                        for (long i = 0; i < dv; i += 8) {                                                   \
-                            __m256 qv = _mm256_loadu_ps(qf + i);                                             \
-                            for (long u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(qv, LD8(row[u] + i), acc[u]); \
-                        }                                                                                    \
-                        float dots[8];                                                                       \
-                        _mm256_storeu_ps(dots, sums8(acc));                                                  \
-                        for (long u = 0; u < n; u++) {                                                       \
-                            for (long i = dv; i < d; i++) dots[u] += qf[i] * LD(row[u], i);                  \
-                            p[s0 + u] = dots[u];                                                             \
-                        }                                                                                    \
-                    }                                                                                        \
+                    for (long s0 = 0; s0 < keys; s0 += 8) /* q . k for keys s0 .. s0 + 7 */                  \
+                        DOTS8(qf, kh + s0 * d, d, keys - s0 < 8 ? keys - s0 : 8, d, p + s0);                 \
                     float top = -INFINITY, sum = 0.0f;                                                       \
                     for (long s = 0; s < keys; s++) {                                                        \
                         float x = p[s] * scale;                                                              \
@@ -164,26 +171,15 @@ DEFINE_ROTARY(rotary_bf16, uint16_t, ld_bf16, st_bf16)
                     for (long s = 0; s < keys; s++) p[s] = p[s] / sum;                                       \
                     const T *vh = v + kv * v_head;                                                           \
                     T *o = out + ((t * n_kv + kv) * g + j) * d;                                              \
-                    for (long i0 = 0; i0 < d; i0 += 8) { /* eight value rows' sums at a time */              \
+                    for (long i0 = 0; i0 < d; i0 += 8) { /* p . v for value rows i0 .. i0 + 7 */             \
                         long n = d - i0 < 8 ? d - i0 : 8;                                                    \
-                        const T *row[8];                                                                     \
-                        for (long u = 0; u < 8; u++) row[u] = vh + (i0 + (u < n ? u : n - 1)) * v_row;      \
-                        __m256 acc[8];                                                                       \
-                        for (long u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();                           \
-                        for (long s = 0; s < sv; s += 8) {                                                   \
-                            __m256 pv = _mm256_loadu_ps(p + s);                                              \
-                            for (long u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(pv, LD8(row[u] + s), acc[u]); \
-                        }                                                                                    \
                         float sums[8];                                                                       \
-                        _mm256_storeu_ps(sums, sums8(acc));                                                  \
-                        for (long u = 0; u < n; u++) {                                                       \
-                            for (long s = sv; s < keys; s++) sums[u] += p[s] * LD(row[u], s);                \
-                            ST(o, i0 + u, sums[u]);                                                          \
-                        }                                                                                    \
+                        DOTS8(p, vh + i0 * v_row, v_row, n, keys, sums);                                     \
+                        for (long u = 0; u < n; u++) ST(o, i0 + u, sums[u]);                                 \
                     }                                                                                        \
                 }                                                                                            \
                 free(p);                                                                                     \
             }                                                                                                \
     }
-DEFINE_ATTEND(attend_f32, float, ld_f32, ld8_f32, st_f32)
-DEFINE_ATTEND(attend_bf16, uint16_t, ld_bf16, ld8_bf16, st_bf16)
+DEFINE_ATTEND(attend_f32, float, ld_f32, dots8_f32, st_f32)
+DEFINE_ATTEND(attend_bf16, uint16_t, ld_bf16, dots8_bf16, st_bf16)

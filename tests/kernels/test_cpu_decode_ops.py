@@ -18,6 +18,7 @@ import torch_impl
 import torch_impl.layernorm
 from kernels.cpu import build, torch_decode_ops
 from kernels.triton.reference import add_rms_norm_reference
+from tests.greedy import assert_same_greedy
 from tests.kernels.tolerances import assert_within_tolerance
 from torch_impl.attention import attend
 from torch_impl.rotary_embedding import apply_rotary
@@ -191,8 +192,9 @@ def test_bad_operands_name_the_problem():
 
 
 def test_generation_through_the_kernels_equals_the_reference(tmp_path):
-    """The default checkpoint decoded greedily, float32: the same tokens, and every step's logits within the
-    float32 parity bound of the decode kept on the reference (the kernels run at every decode step: counted)."""
+    """The default checkpoint decoded greedily, float32: the same tokens (up to a near-tie, tests/greedy.py), and
+    every step's logits within the float32 parity bound of the decode kept on the reference (the kernels run at
+    every decode step: counted)."""
     from parity.tolerances import TOLERANCES
 
     model = torch_impl.from_pretrained(spec.default_checkpoint(tmp_path))
@@ -212,7 +214,10 @@ def test_generation_through_the_kernels_equals_the_reference(tmp_path):
     with torch_decode_ops.reference_only():
         ref = torch_impl.generate(model, prompt, 8, eos_token_ids=(), return_logits=True)
     assert calls["n"] == 7 * model.spec.num_hidden_layers * len(prompt)  # 7 decode steps, every layer, each row
-    np.testing.assert_array_equal(fast.tokens, ref.tokens)
+    # the suite's rule for greedy runs of two correct float32 paths: identical tokens, except from a near-tie on
+    assert_same_greedy({"reference": ref.tokens, "kernels": fast.tokens}, ref.logits)
+    differs = np.flatnonzero((np.array(ref.tokens) != np.array(fast.tokens)).any(axis=0))  # steps where a row split
+    agree = int(differs[0]) if differs.size else len(ref.logits)  # the steps fed the same tokens
     bound = TOLERANCES["float32"].max_rel
-    for step, (a, b) in enumerate(zip(fast.logits, ref.logits, strict=True)):
+    for step, (a, b) in enumerate(zip(fast.logits[:agree], ref.logits[:agree], strict=True)):  # the same inputs
         assert np.abs(a - b).max() <= bound * np.abs(b).max(), step

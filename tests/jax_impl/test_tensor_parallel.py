@@ -32,7 +32,7 @@ def qwen2_untied(tmp_path_factory):
     return spec.write_checkpoint(directory, qwen2, spec.random_weights(qwen2, seed=5))
 
 
-def _run(script: Path, *args) -> dict:
+def _run(script: Path, *args) -> list[dict]:
     result = subprocess.run(
         [sys.executable, str(script), *map(str, args)],
         capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2],
@@ -41,31 +41,31 @@ def _run(script: Path, *args) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def run_tp(directory: Path, devices: int, tp: int, dp: int) -> dict:
-    return _run(SCRIPT, directory, devices, tp, dp)
+# (devices of the mesh: tp x dp); all in one process of 4 devices, a 2-device mesh on the first two of them
+DEFAULT_MESHES = ((2, 1), (4, 1), (2, 2))
 
 
-@pytest.mark.parametrize(("devices", "tp", "dp"), [(2, 2, 1), (4, 4, 1), (4, 2, 2)])
-def test_default_checkpoint_sharded(default_dir, devices, tp, dp):
-    out = run_tp(default_dir, devices, tp, dp)
-    assert out["rel_err"] <= FP32_REL
-    assert out["greedy_identical"] is True, out["greedy_identical"]
-    assert out["logits_spec"].endswith("'model')")  # logits stay vocabulary-sharded
-    assert out["vocab_padded"] == 264 and out["table_shard_rows"] == [264 // tp]  # V=263 padded, one shard each
-    assert out["tied_no_head"]  # the tied head is the embedding shard itself
-    assert out["vocab_all_gathers"] == [], out["vocab_all_gathers"]
-    assert out["control_gathers"], "the all-gather detector must see a deliberate full-vocabulary gather"
-    assert out["has_all_reduce"]  # row-parallel projections really are reduced across devices
-    assert out["kv_heads_as_torch_ranks"] and all(out["kv_heads_as_torch_ranks"])  # split at tp 2, replicated at 4
-    assert out["gathered_spec"] in ("P()", "PartitionSpec()")  # gather_logits: whole logits on every device
-    assert out["grad_vocab_all_gathers"] == [], out["grad_vocab_all_gathers"]  # the loss gathers no logits
-    assert out["grad_loss_rel"] <= 1e-6 and out["grad_rel_err"] <= GRAD_REL
-
-
-def test_untied_bias_checkpoint_sharded(qwen2_untied):
-    out = run_tp(qwen2_untied, 4, 4, 1)
-    assert out["rel_err"] <= FP32_REL and out["greedy_identical"] is True, out["greedy_identical"]
-    assert not out["tied_no_head"] and out["vocab_all_gathers"] == []
+def test_checkpoints_sharded(default_dir, qwen2_untied):
+    """The default checkpoint at tp 2, tp 4 and tp 2 x dp 2, and the untied q/k/v-bias one at tp 4: one process."""
+    configs = [(default_dir, tp, dp) for tp, dp in DEFAULT_MESHES] + [(qwen2_untied, 4, 1)]
+    runs = _run(SCRIPT, 4, *(arg for config in configs for arg in config))
+    for (directory, tp, dp), out in zip(configs, runs, strict=True):
+        where = f"{directory.name} tp {tp} dp {dp}"
+        assert out["rel_err"] <= FP32_REL, where
+        assert out["greedy_identical"] is True, (where, out["greedy_identical"])
+        assert out["logits_spec"].endswith("'model')"), where  # logits stay vocabulary-sharded
+        assert out["vocab_all_gathers"] == [], (where, out["vocab_all_gathers"])
+        assert out["control_gathers"], "the all-gather detector must see a deliberate full-vocabulary gather"
+        assert out["has_all_reduce"], where  # row-parallel projections really are reduced across devices
+        assert out["kv_heads_as_torch_ranks"] and all(out["kv_heads_as_torch_ranks"]), where
+        assert out["gathered_spec"] in ("P()", "PartitionSpec()"), where  # gather_logits: whole logits everywhere
+        assert out["grad_vocab_all_gathers"] == [], (where, out["grad_vocab_all_gathers"])  # the loss gathers none
+        assert out["grad_loss_rel"] <= 1e-6 and out["grad_rel_err"] <= GRAD_REL, where
+        if directory == default_dir:  # V=263 padded to 264, one shard each; kv heads split at tp 2, replicated at 4
+            assert out["vocab_padded"] == 264 and out["table_shard_rows"] == [264 // tp], where
+            assert out["tied_no_head"], where  # the tied head is the embedding shard itself
+        else:
+            assert not out["tied_no_head"], where
 
 
 def test_sharded_train_steps_match_unsharded(default_dir, tmp_path):
@@ -74,8 +74,9 @@ def test_sharded_train_steps_match_unsharded(default_dir, tmp_path):
     within the step table, the replicas stay identical, nothing moved, and the compiled step gathers no logits.
     The default checkpoint at tp 4 (2 kv heads, each on 2 devices) and a single-kv-head Qwen2 at tp 2."""
     qwen2 = spec.write_checkpoint(tmp_path, QWEN2_SINGLE_KV, spec.random_weights(QWEN2_SINGLE_KV, 1))
-    for directory, tp, full in ((default_dir, 4, "full"), (qwen2, 2, "steps")):
-        out = _run(TRAIN_SCRIPT, directory, tp, full)
+    configs = ((default_dir, 4, "full"), (qwen2, 2, "steps"))
+    runs = _run(TRAIN_SCRIPT, 4, *(arg for config in configs for arg in config))  # one process of 4 devices
+    for (_, tp, full), out in zip(configs, runs, strict=True):
         assert abs(out["norm"] - out["ref_norm"]) <= 1e-6 * out["ref_norm"], (tp, out["norm"], out["ref_norm"])
         assert out["ref_norm"] > 0.5  # the steps clip (max_grad_norm 0.5)
         steps = out["steps"]

@@ -1,6 +1,7 @@
 """Run in a subprocess with N simulated CPU devices (set by parity.prepare_environment before JAX starts).
 
-Prints one JSON line of measurements that tests/jax_impl/test_tensor_parallel.py asserts on.
+Prints one JSON line, a list of measurements per configuration, that tests/jax_impl/test_tensor_parallel.py
+asserts on.
 """
 
 from __future__ import annotations
@@ -136,9 +137,12 @@ def control(tp: int) -> dict:
 
 
 if __name__ == "__main__":
-    directory, devices, tp, dp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    # DEVICES, then DIRECTORY TP DP per configuration: every configuration in one process (one JAX start, and the
+    # unsharded model's programs compiled once for all of them); a mesh takes the first tp * dp of the devices.
+    devices, configs = int(sys.argv[1]), [sys.argv[i : i + 3] for i in range(2, len(sys.argv), 3)]
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a script's path is its folder: find `tests`
     from parity.environment import prepare_environment
 
     prepare_environment(tp=devices)  # before JAX starts: the one place the device count is set
-    print(json.dumps({**main(directory, tp, dp), **control(tp)}))
+    runs = [{**main(d, int(tp), int(dp)), **control(int(tp))} for d, tp, dp in configs]
+    print(json.dumps(runs))

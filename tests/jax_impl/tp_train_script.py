@@ -1,6 +1,6 @@
 """Run in a subprocess with N simulated CPU devices: AdamW steps of a tensor-parallel model against unsharded ones.
 
-Prints one JSON line of measurements that tests/jax_impl/test_tensor_parallel.py asserts on.
+Prints one JSON line, a list of measurements per configuration, that tests/jax_impl/test_tensor_parallel.py asserts on.
 """
 
 from __future__ import annotations
@@ -93,9 +93,11 @@ def main(directory: str, tp: int, full: bool) -> dict:
 
 
 if __name__ == "__main__":
-    directory, tp, full = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "full"
+    # DEVICES, then DIRECTORY TP full|steps per configuration: all in one process (one JAX start); a mesh takes the
+    # first tp of the devices.
+    devices, configs = int(sys.argv[1]), [sys.argv[i : i + 3] for i in range(2, len(sys.argv), 3)]
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # a script's path is its folder: find `tests`
     from parity.environment import prepare_environment
 
-    prepare_environment(tp=tp)  # before JAX starts: the one place the device count is set
-    print(json.dumps(main(directory, tp, full)))
+    prepare_environment(tp=devices)  # before JAX starts: the one place the device count is set
+    print(json.dumps([main(directory, int(tp), full == "full") for directory, tp, full in configs]))

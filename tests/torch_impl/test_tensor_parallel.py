@@ -145,10 +145,9 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_sharded_matches_unsharded(tp, default_dir, qwen2_dir):
-    paths = [(str(default_dir), tp == 2), (str(qwen2_dir), False)]
-    results, ties = run_tp(_rank_checks, tp, paths)
+def _assert_sharded_matches_unsharded(results: list[list[dict]], ties: list[int], paths, tp: int) -> None:
+    """`_rank_checks`' results: the sharded logits, greedy and sampled tokens, padding and shards as the unsharded
+    model's, for each checkpoint."""
     assert ties == [1, 4 * (tp - 1) + 2, 3]
     for (path, also_bf16), ranks in zip(paths, results, strict=True):
         ref, s = _reference(path), ModelSpec.from_pretrained(path)
@@ -284,26 +283,36 @@ def _train_checks(path: str, batches: list[np.ndarray], config) -> dict:
     return {"norm": norm, "losses": losses, "after": training.parameters(model), "copies": every}
 
 
-def _grad_and_train_checks(path: str, batches: list[np.ndarray], config) -> dict:
-    """On every rank: `_grad_checks`, then `_train_checks` on a fresh copy of the model (one launch for both)."""
-    return {"grads": _grad_checks(path), "train": _train_checks(path, batches, config)}
+def _all_rank_checks(cases: list[tuple[str, bool]], path: str, batches: list[np.ndarray], config) -> dict:
+    """On every rank: `_rank_checks` of `cases`, then `_grad_checks` of `path` and `_train_checks` on a fresh copy of
+    it: one launch of the ranks per degree (a launch is `tp` processes importing torch, ~5-10 s of CI each)."""
+    forward, ties = _rank_checks(cases)
+    return {
+        "forward": forward,
+        "ties": ties,
+        "grads": _grad_checks(path),
+        "train": _train_checks(path, batches, config),
+    }
 
 
-@pytest.mark.parametrize(("tp", "which"), [(4, "default"), (2, "qwen2")])  # both replicate kv heads; q/k norms, bias
-def test_sharded_gradients_and_train_steps_match_unsharded(tp, which, default_dir, qwen2_dir):
-    """The loss and gradients (`_assert_gradients_match`), then train_step on a tensor-parallel model: the
-    replicated kv heads' gradient summed over their holders, the clipping norm over every rank's slices with each
-    element once, AdamW per shard; the parameters after `STEPS` steps agree with the unsharded model's within the
-    step table, and the replicas stay identical. One launch of the ranks for both (a launch is `tp` processes
-    importing torch: two cost CI ~10 s more)."""
+# the gradient and step checkpoint per degree: both replicate kv heads; q/k norms, bias
+@pytest.mark.parametrize(("tp", "which"), [(2, "qwen2"), (4, "default")])
+def test_sharded_matches_unsharded(tp, which, default_dir, qwen2_dir):
+    """Forward (`_assert_sharded_matches_unsharded`: the default checkpoint, in bfloat16 too at tp 2, and the
+    untied Qwen2 one), the loss and gradients (`_assert_gradients_match`), then train_step on a tensor-parallel
+    model: the replicated kv heads' gradient summed over their holders, the clipping norm over every rank's slices
+    with each element once, AdamW per shard; the parameters after `STEPS` steps agree with the unsharded model's
+    within the step table, and the replicas stay identical."""
     from spec.training import AdamW
 
+    paths = [(str(default_dir), tp == 2), (str(qwen2_dir), False)]
     path = str(default_dir if which == "default" else qwen2_dir)
     rng = np.random.default_rng(1)
     vocab = ModelSpec.from_pretrained(path).vocab_size
     batches = [IDS] + [rng.integers(0, vocab, IDS.shape) for _ in range(STEPS - 1)]
     config = AdamW(lr=1e-3, max_grad_norm=0.5)
-    out = run_tp(_grad_and_train_checks, tp, path, batches, config)
+    out = run_tp(_all_rank_checks, tp, paths, path, batches, config)
+    _assert_sharded_matches_unsharded(out["forward"], out["ties"], paths, tp)
     _assert_gradients_match(out["grads"], path, tp)
     _assert_steps_match(out["train"], path, tp, batches, config)
 

@@ -154,8 +154,10 @@ def generate(
         token, logits, cache, finished = prefill_fn(
             leaves, cache, prompts.ids.astype(np.int32), key_valid, keys[0], eos
         )  # host arrays: jit places them (under a mesh, by its in_shardings)
-        # The same placement every decode step returns, so the step compiles exactly once.
-        rows = NamedSharding(mesh, P(DATA, None)) if mesh is not None else jax.devices()[0]
+        # The same placement every decode step returns, so the step compiles exactly once; unsharded, the device
+        # the prompt ran on (the model's: under jax.default_device it need not be jax.devices()[0], and a mask
+        # committed there would move every decode step, parameters and cache, to that device).
+        rows = NamedSharding(mesh, P(DATA, None)) if mesh is not None else token.sharding
         key_valid = jax.device_put(key_valid, rows)
         token.block_until_ready()
         prefill_done = time.perf_counter()

@@ -32,3 +32,33 @@ def test_decode_step_compiles_once(default_dir):
     before = len(compiles)
     jax_impl.generate(model, [[4, 5, 6]], 12, eos_token_ids=())  # same request shape
     assert len(compiles) == before, "a repeated request shape must not compile again"
+
+
+PLACEMENT_SCRIPT = """
+import sys
+import jax
+from parity.environment import prepare_environment
+prepare_environment(tp=2)  # two CPU devices, before JAX starts
+import jax_impl
+second = jax.devices()[1]
+with jax.default_device(second):
+    model = jax_impl.from_pretrained(sys.argv[1])
+    with jax.transfer_guard_device_to_device("disallow"):  # a step on the first device would move the model there
+        out = jax_impl.generate(model, [[1, 2, 3]], 4, eos_token_ids=())
+print(len(out.tokens[0]), model.model.embed_tokens.weight[...].devices() == {second})
+"""
+
+
+def test_decode_steps_stay_on_the_models_device(default_dir):
+    """A model on another device than jax.devices()[0] (jax.default_device: a CPU reference beside a GPU, here the
+    second of two CPU devices) decodes there: every step's inputs are placed where the prompt ran."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run(
+        [sys.executable, "-c", PLACEMENT_SCRIPT, str(default_dir)],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.split() == ["4", "True"], result.stdout

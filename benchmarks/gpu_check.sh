@@ -12,7 +12,7 @@
 #      fraction of the measured device-to-device copy, beside the plain framework ops it replaces, and the
 #      floors (>= 85% of copy, >= 1.3x the plain ops);
 # then writes one JSON (benchmarks/kernels.py::check_report says what is in it) and prints the figures and
-# the floors. Exit status: 0 when every gpu test passed (none skipped) and every floor holds, 1 otherwise (the
+# the floors; the steps' own reports and logs stay in OUT.files/ beside it. Exit status: 0 when every gpu test passed (none skipped) and every floor holds, 1 otherwise (the
 # JSON is written either way), 2 when there is no GPU: then it refuses before running anything.
 #
 # Why TRITON_INTERPRET is unset here: Triton decides between interpreting and compiling once per process,
@@ -69,27 +69,34 @@ if [ "$status" -ne 0 ]; then
 fi
 echo "gpu_check: GPUs $gpus; JSON to $out_json"
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# The steps' own files (the pytest report and log, the benchmark's JSON and log) beside the JSON, kept: a step
+# that runs out of time still leaves what it measured.
+work="${out_json%.json}.files"
+mkdir -p "$work" || exit 2
 
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 
-# 2. The gpu tests, in their own process (compiled Triton), leaving the benchmark its share and 20 s to spare.
-tests_budget=$(( $(left) - BENCH_MAX_S - 20 ))
+# 2. The gpu tests, in their own process (compiled Triton), leaving the benchmark its share and 40 s to spare.
+tests_budget=$(( $(left) - BENCH_MAX_S - 40 ))
 [ "$tests_budget" -lt 60 ] && tests_budget=60
 echo "gpu_check: gpu tests (at most ${tests_budget} s)"
-timeout --kill-after=10 "$tests_budget" "$python" -m pytest -q -p no:cacheprovider -m gpu -rs --tb=short \
-    tests/gpu --junitxml="$work/tests.xml"
-tests_status=$?
+# SIGINT at the budget, not TERM: pytest stops as after Ctrl-C and still writes the report of the tests it ran
+# (`timeout` exits 124 all the same); KILL 30 s later only if it does not stop.
+timeout --signal=INT --kill-after=30 "$tests_budget" "$python" -m pytest -q -p no:cacheprovider -m gpu -rs \
+    --tb=short --durations=30 tests/gpu --junitxml="$work/tests.xml" 2>&1 | tee "$work/tests.log"
+tests_status=${PIPESTATUS[0]}
 
 # 3. The kernel benchmark: the floors' shape (bf16, width 4096, >= 4096 tokens), 4096 and 16384 tokens.
-bench_budget=$(( $(left) - 20 ))
+bench_budget=$(( $(left) - 40 ))
 [ "$bench_budget" -gt "$BENCH_MAX_S" ] && bench_budget=$BENCH_MAX_S
 [ "$bench_budget" -lt 60 ] && bench_budget=60
 echo "gpu_check: benchmarks/kernels.py (at most ${bench_budget} s)"
-timeout --kill-after=10 "$bench_budget" "$python" benchmarks/kernels.py --require-gpu --dtype bfloat16 \
-    --widths 4096 --tokens 4096,16384 --warmup 5 --samples 15 --calls 10 --json "$work/kernels.json"
-bench_status=$?
+# SIGINT again: kernels.py evaluates the floors on what it measured so far and writes its JSON (it also rewrites
+# it after every shape). 50 calls a sample: a JAX sample's dispatch and wait are paid once per sample.
+timeout --signal=INT --kill-after=30 "$bench_budget" "$python" benchmarks/kernels.py --require-gpu \
+    --dtype bfloat16 --widths 4096 --tokens 4096,16384 --warmup 5 --samples 15 --calls 50 \
+    --json "$work/kernels.json" 2>&1 | tee "$work/kernels.log"
+bench_status=${PIPESTATUS[0]}
 
 # 4. One JSON, the figures and the floors printed, the verdict as the exit status.
 "$python" -c 'import sys; from benchmarks.kernels import report_main; sys.exit(report_main(sys.argv[1:]))' \

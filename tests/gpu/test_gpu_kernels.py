@@ -10,14 +10,15 @@ gelu_tanh_and_mul) on the same shapes. Bounds: tests/kernels/tolerances.py, the 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from tests.kernels.gradients import gelu_tanh_and_mul_term_scale
-from tests.kernels.tolerances import assert_within_tolerance, sample_inputs
+from tests.kernels import gradients, tolerances
+from tests.kernels.tolerances import assert_within_tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -26,10 +27,21 @@ WIDTHS = (1, 1000, 4096, 9728)
 ROWS = (1, 4099)  # each prefix of the same data, against the same reference rows
 NO_RESIDUAL_ROWS = 5
 EPS = 1e-6
+
 NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 # add_rms_norm's family options (name, offset, float32_weight) and the bound each is held to.
 FAMILIES = [("gemma", 1.0, True), ("olmo2", 0.0, True), ("offset_only", 1.0, False)]
 FAMILY_WIDTHS = (1000, 9728)
+
+# Drawn once per process and never written: at 4099 x 2 * 9728 one draw costs the host seconds, and ~90 cases
+# share a handful of arrays, inside gpu_check.sh's time budget.
+sample_inputs = functools.cache(tolerances.sample_inputs)
+
+
+@functools.cache
+def _term_scale(width: int, dtype: str) -> np.ndarray:
+    """gelu_tanh_and_mul's term scale of the gate_up sample of `width` (tests/kernels/gradients.py)."""
+    return gradients.gelu_tanh_and_mul_term_scale(sample_inputs((ROWS[-1], 2 * width), 3, "gate_up"), dtype)
 
 
 def _family_quantity(float32_weight: bool) -> str:
@@ -127,7 +139,7 @@ def test_triton_gelu_tanh_and_mul(triton_compiled: None, dtype: str, width: int)
     from kernels.triton import gelu_tanh_and_mul, gelu_tanh_and_mul_reference
 
     data = sample_inputs((ROWS[-1], 2 * width), 3, "gate_up")  # [rows, 2I], gate first
-    gate_up, scale = _cuda(data, dtype), gelu_tanh_and_mul_term_scale(data, dtype)
+    gate_up, scale = _cuda(data, dtype), _term_scale(width, dtype)
     want = _host(gelu_tanh_and_mul_reference(gate_up))
     for n in ROWS:
         out = gelu_tanh_and_mul(gate_up[:n])
@@ -214,7 +226,7 @@ def test_pallas_gelu_tanh_and_mul(jax_gpu: Any, dtype: str, width: int) -> None:
     from kernels.pallas import gelu_tanh_and_mul, gelu_tanh_and_mul_reference
 
     data = sample_inputs((ROWS[-1], 2 * width), 3, "gate_up")  # [rows, 2I], gate first
-    gate_up, scale = _on(jax_gpu, data, dtype), gelu_tanh_and_mul_term_scale(data, dtype)
+    gate_up, scale = _on(jax_gpu, data, dtype), _term_scale(width, dtype)
     want = _np(jax.jit(gelu_tanh_and_mul_reference)(gate_up))
     for n in ROWS:
         out = gelu_tanh_and_mul(gate_up[:n], interpret=False)
@@ -272,5 +284,5 @@ def test_triton_and_pallas_family_kernels_agree_on_the_gpu(triton_compiled: None
     gate_up = sample_inputs((ROWS[-1], 2 * 4096), 3, "gate_up")
     triton_act = _host(triton.gelu_tanh_and_mul(_cuda(gate_up, dtype)))
     pallas_act = _np(pallas.gelu_tanh_and_mul(_on(jax_gpu, gate_up, dtype), interpret=False))
-    scale = gelu_tanh_and_mul_term_scale(gate_up, dtype)
+    scale = _term_scale(4096, dtype)
     assert_within_tolerance(triton_act, pallas_act, "gelu_tanh_and_mul", dtype, "triton vs pallas", scale)

@@ -141,3 +141,29 @@ def test_report_main_writes_the_json_and_exits_with_the_verdict(tmp_path: Path, 
     args[args.index("--tests-status") + 1] = "124"
     assert report_main(args) == 1
     assert "ran past their time budget" in capsys.readouterr().out
+
+
+def test_an_interrupted_benchmark_writes_what_it_measured(tmp_path: Path, monkeypatch) -> None:
+    """gpu_check.sh stops benchmarks/kernels.py with SIGINT at its time budget: the shapes measured by then are in
+    the JSON with their floors evaluated, and the interruption is named. (The measuring itself needs a GPU: a
+    stand-in for it records one floor-shaped shape and is interrupted before the next.)"""
+    from benchmarks import kernels
+
+    def one_shape_then_interrupted(args, out) -> None:
+        out["results"].append(_result("torch", "add_rms_norm", 4096, 4096, 0.9, 2.0))
+        kernels.save(args, out)
+        assert json.loads(args.json.read_text())["results"], "saved after the shape, before the interruption"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kernels, "_torch_gpu", lambda: True)
+    monkeypatch.setattr(kernels, "_jax_gpu", lambda: False)
+    monkeypatch.setattr(kernels, "bench_torch", one_shape_then_interrupted)
+    path = tmp_path / "kernels.json"
+    assert kernels.main(["--framework", "torch", "--json", str(path)]) == 0
+    written = json.loads(path.read_text())
+    assert [r["tokens"] for r in written["results"]] == [4096]
+    assert written["floors"] and written["floors_passed"] is True
+    assert "interrupted" in written["skipped"]
+    report = check_report(None, 0, path, 124, {"torch": "H200"}, 480.0, 480.0)
+    assert not report["passed"] and report["figures"]  # the figures are kept, the time-out still fails the check
+    assert "benchmarks/kernels.py ran past its time budget" in report["problems"]

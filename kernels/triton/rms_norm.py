@@ -16,6 +16,8 @@ dim is copied with `.contiguous()` first. Outputs are always contiguous.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -83,6 +85,7 @@ def _add_rms_norm_kernel(
     tl.store(out_ptr + out_offsets, round_to_dtype(out, out_ptr.dtype.element_ty), mask=mask)
 
 
+@functools.cache  # a pure function of the width, asked at every launch: shared, read only
 def _block_config(n_cols: int) -> dict[str, int]:
     """Block sizes for rows of width `n_cols`: BLOCK_H covers a whole row (tl.arange needs a power of two)."""
     if n_cols < 1:
@@ -118,7 +121,8 @@ def _launch(
     residual_rows = as_rows(residual) if residual is not None else x_rows  # [rows, H]; unread without residual
     n_rows = x_rows.shape[0]
     cfg = _block_config(n_cols)
-    grid = (triton.cdiv(n_rows, cfg["BLOCK_ROWS"]),)
+    # ceilings by integer division: triton.cdiv is a constexpr function, slow to call on the host
+    grid = (-(-n_rows // cfg["BLOCK_ROWS"]),)
     _add_rms_norm_kernel[grid](
         x_rows,
         residual_rows,

@@ -38,6 +38,8 @@ sizes, the launches); the torch.autograd.Function in rms_norm.py is the wrapper.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -126,6 +128,7 @@ def _sum_partials_kernel(partial_ptr, out_ptr, n_partials, n_cols, BLOCK_COLS: t
     tl.store(out_ptr + cols, round_to_dtype(acc, out_ptr.dtype.element_ty), mask=col_ok)
 
 
+@functools.lru_cache(maxsize=1024)  # asked at every launch: shared, read only
 def _block_config(n_rows: int, n_cols: int) -> dict[str, int]:
     """Block sizes and program count, a pure function of the shape (so the dW reduction order is too)."""
     if n_cols < 1:

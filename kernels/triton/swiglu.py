@@ -18,6 +18,8 @@ Inputs may be row-strided views (no copy); a non-unit stride along the last dim 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -60,6 +62,7 @@ def _gated_and_mul_kernel(
     )
 
 
+@functools.cache  # a pure function of the width, asked at every launch: shared, read only
 def _block_config(n_inter: int) -> dict[str, int]:
     """Block sizes for an output row of width `n_inter` (= I); powers of two for tl.arange."""
     return gated_block_config(
@@ -77,7 +80,8 @@ def _launch(x: torch.Tensor, activation: str) -> torch.Tensor:
     x_rows = as_rows(x)  # [rows, 2I]
     n_rows = x_rows.shape[0]
     cfg = _block_config(n_inter)
-    grid = (triton.cdiv(n_rows, cfg["BLOCK_ROWS"]), triton.cdiv(n_inter, cfg["BLOCK_COLS"]))
+    # ceilings by integer division: triton.cdiv is a constexpr function, slow to call on the host
+    grid = (-(-n_rows // cfg["BLOCK_ROWS"]), -(-n_inter // cfg["BLOCK_COLS"]))
     _gated_and_mul_kernel[grid](
         x_rows,
         out,

@@ -22,6 +22,8 @@ torch.autograd.Function in swiglu.py is the wrapper.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -77,6 +79,7 @@ def _gated_and_mul_backward_kernel(
 _silu_and_mul_backward_kernel = _gated_and_mul_backward_kernel
 
 
+@functools.cache  # a pure function of the width, asked at every launch: shared, read only
 def _block_config(n_inter: int) -> dict[str, int]:
     """Block sizes for a gradient half of width `n_inter` (= I); powers of two for tl.arange."""
     return gated_block_config(
@@ -102,7 +105,8 @@ def launch_backward(x: torch.Tensor, d_out: torch.Tensor, activation: str = "sil
     x_rows, d_out_rows = as_rows(x), as_rows(d_out)  # [rows, 2I], [rows, I]
     n_rows = x_rows.shape[0]
     cfg = _block_config(n_inter)
-    grid = (triton.cdiv(n_rows, cfg["BLOCK_ROWS"]), triton.cdiv(n_inter, cfg["BLOCK_COLS"]))
+    # ceilings by integer division: triton.cdiv is a constexpr function, slow to call on the host
+    grid = (-(-n_rows // cfg["BLOCK_ROWS"]), -(-n_inter // cfg["BLOCK_COLS"]))
     _gated_and_mul_backward_kernel[grid](
         x_rows,
         d_out_rows,

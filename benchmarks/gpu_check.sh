@@ -12,8 +12,9 @@
 #      fraction of the measured device-to-device copy, beside the plain framework ops it replaces, and the
 #      floors (>= 85% of copy, >= 1.3x the plain ops);
 # then writes one JSON (benchmarks/kernels.py::check_report says what is in it) and prints the figures and
-# the floors; the steps' own reports and logs stay in OUT.files/ beside it. Exit status: 0 when every gpu test passed (none skipped) and every floor holds, 1 otherwise (the
-# JSON is written either way), 2 when there is no GPU: then it refuses before running anything.
+# the floors; the steps' own reports and logs stay in OUT.files/ beside it. Exit status: 0 when every gpu test
+# passed (none skipped) and every floor holds, 1 otherwise (the JSON is written either way), 2 when there is no
+# GPU: then it refuses before running anything.
 #
 # Why TRITON_INTERPRET is unset here: Triton decides between interpreting and compiling once per process,
 # when a kernel module is imported. The CPU suite's process interprets (tests/conftest.py sets

@@ -203,7 +203,7 @@ def launch_backward(
         enable_fp_fusion=False,  # no FMA contraction: each multiply and add rounds as the reference's ops do
     )
     d_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
-    _sum_partials_kernel[(triton.cdiv(n_cols, _SUM_BLOCK_COLS),)](
+    _sum_partials_kernel[(-(-n_cols // _SUM_BLOCK_COLS),)](  # a ceiling, as the forward launchers' grids
         partial_dw, d_weight, cfg["n_programs"], n_cols, BLOCK_COLS=_SUM_BLOCK_COLS, enable_fp_fusion=False
     )
     return d_s, d_weight

@@ -1,7 +1,11 @@
 """jax_impl.generate: the generation behaviour both twins share (tests/twins/generate.py), then what only
-JAX has to prove: a decode step compiles once."""
+JAX has to prove: a decode step compiles once, and runs on the device the model is on."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 
@@ -52,10 +56,6 @@ print(len(out.tokens[0]), model.model.embed_tokens.weight[...].devices() == {sec
 def test_decode_steps_stay_on_the_models_device(default_dir):
     """A model on another device than jax.devices()[0] (jax.default_device: a CPU reference beside a GPU, here the
     second of two CPU devices) decodes there: every step's inputs are placed where the prompt ran."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     result = subprocess.run(
         [sys.executable, "-c", PLACEMENT_SCRIPT, str(default_dir)],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2],

@@ -41,7 +41,7 @@ def _run(script: Path, *args) -> list[dict]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-# (devices of the mesh: tp x dp); all in one process of 4 devices, a 2-device mesh on the first two of them
+# (tp, dp) meshes of the default checkpoint, all in one process of 4 devices (a 2-device mesh takes the first two)
 DEFAULT_MESHES = ((2, 1), (4, 1), (2, 2))
 
 

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {args.repeats}")  # fmt: skip
     rates = {**jax_rates(weights, args.repeats), **torch_rates(weights, args.repeats)}
     rates.update({f"{name} 1 GiB matvec": rate for name, rate in matvec_bandwidths(args.repeats).items()})
-    limit = max(rates["jax 1 GiB matvec"], rates["torch 1 GiB matvec"])
+    limit = max(rate for name, rate in rates.items() if name.endswith("1 GiB matvec"))
     for name, rate in rates.items():
         print(f"  {name:34s} {rate / 1e9:6.1f} GB/s   {100 * rate / limit:4.0f}% of the best 1 GiB matvec")
     flax, torch_layout = rates["jax x @ W, W [in, out] (Flax, dot)"], rates["jax x @ W^T, W [out, in] (torch)"]

@@ -78,3 +78,9 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     """
     rows = t.reshape(-1, t.shape[-1])  # [rows, W]
     return rows if rows.stride(-1) == 1 or rows.shape[-1] == 1 else rows.contiguous()
+
+
+def grid_blocks(n: int, block: int) -> int:
+    """Programs that cover `n` items `block` at a time: a ceiling by integer division. triton.cdiv is a constexpr
+    function, slow to call on the host, and the launchers ask at every launch."""
+    return -(-n // block)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from kernels.triton import MAX_BLOCK_H, as_rows, check_launchable
+from kernels.triton import MAX_BLOCK_H, as_rows, check_launchable, grid_blocks
 from kernels.triton.reference import check_add_rms_norm_args, check_norm_options
 from kernels.triton.rms_norm_backward import launch_backward
 from kernels.triton.rounding import round_to_dtype
@@ -121,8 +121,7 @@ def _launch(
     residual_rows = as_rows(residual) if residual is not None else x_rows  # [rows, H]; unread without residual
     n_rows = x_rows.shape[0]
     cfg = _block_config(n_cols)
-    # ceilings by integer division: triton.cdiv is a constexpr function, slow to call on the host
-    grid = (-(-n_rows // cfg["BLOCK_ROWS"]),)
+    grid = (grid_blocks(n_rows, cfg["BLOCK_ROWS"]),)
     _add_rms_norm_kernel[grid](
         x_rows,
         residual_rows,

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton import MAX_BLOCK_H, as_rows, check_launchable
+from kernels.triton import MAX_BLOCK_H, as_rows, check_launchable, grid_blocks
 from kernels.triton.rounding import round_to_dtype
 
 __all__ = ["launch_backward"]
@@ -203,7 +203,7 @@ def launch_backward(
         enable_fp_fusion=False,  # no FMA contraction: each multiply and add rounds as the reference's ops do
     )
     d_weight = torch.empty_like(weight, memory_format=torch.contiguous_format)
-    _sum_partials_kernel[(-(-n_cols // _SUM_BLOCK_COLS),)](  # a ceiling, as the forward launchers' grids
+    _sum_partials_kernel[(grid_blocks(n_cols, _SUM_BLOCK_COLS),)](
         partial_dw, d_weight, cfg["n_programs"], n_cols, BLOCK_COLS=_SUM_BLOCK_COLS, enable_fp_fusion=False
     )
     return d_s, d_weight

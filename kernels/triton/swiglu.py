@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from kernels.triton import as_rows, check_launchable
+from kernels.triton import as_rows, check_launchable, grid_blocks
 from kernels.triton.activations import ACTIVATIONS, gate_logit, gated_block_config
 from kernels.triton.reference import check_silu_and_mul_args
 from kernels.triton.rounding import round_to_dtype
@@ -80,8 +80,7 @@ def _launch(x: torch.Tensor, activation: str) -> torch.Tensor:
     x_rows = as_rows(x)  # [rows, 2I]
     n_rows = x_rows.shape[0]
     cfg = _block_config(n_inter)
-    # ceilings by integer division: triton.cdiv is a constexpr function, slow to call on the host
-    grid = (-(-n_rows // cfg["BLOCK_ROWS"]), -(-n_inter // cfg["BLOCK_COLS"]))
+    grid = (grid_blocks(n_rows, cfg["BLOCK_ROWS"]), grid_blocks(n_inter, cfg["BLOCK_COLS"]))
     _gated_and_mul_kernel[grid](
         x_rows,
         out,

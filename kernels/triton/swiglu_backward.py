@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton import as_rows, check_launchable
+from kernels.triton import as_rows, check_launchable, grid_blocks
 from kernels.triton.activations import ACTIVATIONS, gate_logit, gate_logit_slope, gated_block_config
 from kernels.triton.rounding import round_to_dtype
 
@@ -105,8 +105,7 @@ def launch_backward(x: torch.Tensor, d_out: torch.Tensor, activation: str = "sil
     x_rows, d_out_rows = as_rows(x), as_rows(d_out)  # [rows, 2I], [rows, I]
     n_rows = x_rows.shape[0]
     cfg = _block_config(n_inter)
-    # ceilings by integer division: triton.cdiv is a constexpr function, slow to call on the host
-    grid = (-(-n_rows // cfg["BLOCK_ROWS"]), -(-n_inter // cfg["BLOCK_COLS"]))
+    grid = (grid_blocks(n_rows, cfg["BLOCK_ROWS"]), grid_blocks(n_inter, cfg["BLOCK_COLS"]))
     _gated_and_mul_backward_kernel[grid](
         x_rows,
         d_out_rows,

@@ -9,7 +9,7 @@
  * compute: the bits shifted left by 16, exact). x, b and y are float32; every product accumulates in float32
  * and the caller rounds y once to the model's dtype.
  *
- * Each product is cut into `parts` (NAME_part computes part `part`): rows, a span of output-row tiles; cols, a
+ * Each product is cut into `parts` (NAME_part computes part `part`): rows, a span of output rows; cols, a
  * span of the contraction's CHUNKS, whose partial sums gemv_cols_reduce_part then adds in chunk order over a span
  * of output columns. The cut is the caller's thread count, but no output's summation order depends on it. Two
  * drivers: NAME runs the parts on an OpenMP team (torch's own when torch loaded it first: kernels/cpu/
@@ -22,7 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-enum { ROW_TILE = 4, MAX_ROWS = 8 };
+enum { ROW_TILE = 4, MAX_ROWS = 8, RUN_BYTES = 256 << 10 };
 
 void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long m, long in, long out, long part,
                            long parts);
@@ -52,38 +52,44 @@ static inline void span(long n, long part, long parts, long *lo, long *hi) {
     *hi = n * (part + 1) / parts;
 }
 
-/* rows layout: ROW_TILE output rows at a time, each dotted with every x row (the tile stays in L1 across them);
- * the accumulators are named registers (an array indexed by a run-time count would live in memory). */
-#define DEFINE_ROWS(NAME, WT, LOAD8, LOAD1, PREFETCH)                                                          \
+/* rows layout: a part's output rows are cut into blocks of up to ROW_TILE runs of q consecutive rows (~RUN_BYTES of
+ * weights per run), and the kernel dots one row of each run at a time, so it reads ROW_TILE long contiguous streams.
+ * ROW_TILE adjacent rows instead (at in = 1024 each row is one 4 KB page) read a chain of decode-sized products
+ * 12-25% slower on an AMD EPYC: the hardware prefetcher restarts at every short stream (docs/benchmarks.md). Each
+ * output is still one dot product in one order, so the cut changes no result. The accumulators are named
+ * registers (an array indexed by a run-time count would live in memory). */
+#define DEFINE_ROWS(NAME, WT, LOAD8, LOAD1)                                                                    \
     void NAME##_part(const float *x, const WT *w, const float *b, float *y, long m, long in, long out,       \
                      long part, long parts) {                                                                \
-        long vec = in / 8 * 8, lo, hi;                                                                       \
-        span((out + ROW_TILE - 1) / ROW_TILE, part, parts, &lo, &hi);                                        \
-        for (long o0 = lo * ROW_TILE; o0 < hi * ROW_TILE && o0 < out; o0 += ROW_TILE) {                      \
-            long n = out - o0 < ROW_TILE ? out - o0 : ROW_TILE;                                              \
-            const WT *w0 = w + o0 * in, *w1 = n > 1 ? w0 + in : w0, *w2 = n > 2 ? w0 + 2 * in : w0;          \
-            const WT *w3 = n > 3 ? w0 + 3 * in : w0; /* a short tile repeats its first row; dropped below */ \
-            const char *next = (const char *)(w0 + ROW_TILE * in); /* the next tile: contiguous */          \
-            for (long r = 0; r < m; r++) {                                                                   \
-                const float *xr = x + r * in;                                                                \
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                  \
-                int fetch = PREFETCH && r == 0 && o0 + ROW_TILE < out;                                       \
-                for (long i = 0; i < vec; i += 8) {                                                          \
-                    if (fetch && (i & 15) == 0) { /* 128 bytes of the next tile per 128 of this one */      \
-                        _mm_prefetch(next + ROW_TILE * sizeof(WT) * i, _MM_HINT_T0);                         \
-                        _mm_prefetch(next + ROW_TILE * sizeof(WT) * i + 64, _MM_HINT_T0);                    \
-                    }                                                                                        \
-                    __m256 xv = _mm256_loadu_ps(xr + i);                                                     \
-                    a0 = _mm256_fmadd_ps(LOAD8(w0 + i), xv, a0);                                             \
-                    a1 = _mm256_fmadd_ps(LOAD8(w1 + i), xv, a1);                                             \
-                    a2 = _mm256_fmadd_ps(LOAD8(w2 + i), xv, a2);                                             \
-                    a3 = _mm256_fmadd_ps(LOAD8(w3 + i), xv, a3);                                             \
+        long vec = in / 8 * 8, run = RUN_BYTES / ((long)sizeof(WT) * in), lo, hi;                            \
+        span(out, part, parts, &lo, &hi);                                                                    \
+        if (run < 1) run = 1;                                                                                \
+        for (long b0 = lo; b0 < hi; b0 += ROW_TILE * run) {                                                  \
+            long n = hi - b0 < ROW_TILE * run ? hi - b0 : ROW_TILE * run, q = (n + ROW_TILE - 1) / ROW_TILE; \
+            for (long j = 0; j < q; j++) {                                                                   \
+                long o[ROW_TILE]; /* this step's output row in each run; -1 past the block's end */           \
+                const WT *rows[ROW_TILE];                                                                    \
+                for (long t = 0; t < ROW_TILE; t++) {                                                        \
+                    o[t] = t * q + j < n ? b0 + t * q + j : -1;                                               \
+                    rows[t] = w + (o[t] < 0 ? b0 + j : o[t]) * in; /* a missing row repeats run 0's */       \
                 }                                                                                            \
-                float s[ROW_TILE] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};                                \
-                const WT *rows[ROW_TILE] = {w0, w1, w2, w3};                                                 \
-                for (long t = 0; t < n; t++) {                                                               \
-                    for (long j = vec; j < in; j++) s[t] += LOAD1(rows[t] + j) * xr[j];                      \
-                    y[r * out + o0 + t] = b ? s[t] + b[o0 + t] : s[t];                                       \
+                const WT *w0 = rows[0], *w1 = rows[1], *w2 = rows[2], *w3 = rows[3];                         \
+                for (long r = 0; r < m; r++) { /* the rows stay in L1 across x's rows */                     \
+                    const float *xr = x + r * in;                                                            \
+                    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                              \
+                    for (long i = 0; i < vec; i += 8) {                                                      \
+                        __m256 xv = _mm256_loadu_ps(xr + i);                                                 \
+                        a0 = _mm256_fmadd_ps(LOAD8(w0 + i), xv, a0);                                         \
+                        a1 = _mm256_fmadd_ps(LOAD8(w1 + i), xv, a1);                                         \
+                        a2 = _mm256_fmadd_ps(LOAD8(w2 + i), xv, a2);                                         \
+                        a3 = _mm256_fmadd_ps(LOAD8(w3 + i), xv, a3);                                         \
+                    }                                                                                        \
+                    float s[ROW_TILE] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};                            \
+                    for (long t = 0; t < ROW_TILE; t++) {                                                    \
+                        if (o[t] < 0) continue;                                                              \
+                        for (long k = vec; k < in; k++) s[t] += LOAD1(rows[t] + k) * xr[k];                  \
+                        y[r * out + o[t]] = b ? s[t] + b[o[t]] : s[t];                                       \
+                    }                                                                                        \
                 }                                                                                            \
             }                                                                                                \
         }                                                                                                    \
@@ -160,10 +166,11 @@ void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long
         }
 }
 
-/* Software prefetch of the next block only for bfloat16: measured on an AMD EPYC (docs/benchmarks.md), it
- * made the bf16 chain faster and the float32 one slower, where the hardware prefetcher keeps up by itself. */
-DEFINE_ROWS(gemv_rows_f32, float, load8_f32, load1_f32, 0)
-DEFINE_ROWS(gemv_rows_bf16, uint16_t, load8_bf16, load1_bf16, 1)
+/* Software prefetch of the next rows only for the cols layout's bfloat16: measured on an AMD EPYC
+ * (docs/benchmarks.md), it made that chain faster and the float32 one slower, where the hardware prefetcher keeps up
+ * by itself; the rows layout's long runs keep it going for both dtypes (a prefetch there measured slower). */
+DEFINE_ROWS(gemv_rows_f32, float, load8_f32, load1_f32)
+DEFINE_ROWS(gemv_rows_bf16, uint16_t, load8_bf16, load1_bf16)
 DEFINE_COLS(gemv_cols_f32, float, load8_f32, load1_f32, 0)
 DEFINE_COLS(gemv_cols_bf16, uint16_t, load8_bf16, load1_bf16, 1)
 

@@ -58,7 +58,7 @@ static inline void span(long n, long part, long parts, long *lo, long *hi) {
  * 12-25% slower on an AMD EPYC: the hardware prefetcher restarts at every short stream (docs/benchmarks.md). Each
  * output is still one dot product in one order, so the cut changes no result. The accumulators are named
  * registers (an array indexed by a run-time count would live in memory). */
-#define DEFINE_ROWS(NAME, WT, LOAD8, LOAD1)                                                                    \
+#define DEFINE_ROWS(NAME, WT, LOAD8, LOAD1)                                                                  \
     void NAME##_part(const float *x, const WT *w, const float *b, float *y, long m, long in, long out,       \
                      long part, long parts) {                                                                \
         long vec = in / 8 * 8, run = RUN_BYTES / ((long)sizeof(WT) * in), lo, hi;                            \
@@ -67,10 +67,10 @@ static inline void span(long n, long part, long parts, long *lo, long *hi) {
         for (long b0 = lo; b0 < hi; b0 += ROW_TILE * run) {                                                  \
             long n = hi - b0 < ROW_TILE * run ? hi - b0 : ROW_TILE * run, q = (n + ROW_TILE - 1) / ROW_TILE; \
             for (long j = 0; j < q; j++) {                                                                   \
-                long o[ROW_TILE]; /* this step's output row in each run; -1 past the block's end */           \
+                long o[ROW_TILE]; /* this step's output row in each run; -1 past the block's end */          \
                 const WT *rows[ROW_TILE];                                                                    \
                 for (long t = 0; t < ROW_TILE; t++) {                                                        \
-                    o[t] = t * q + j < n ? b0 + t * q + j : -1;                                               \
+                    o[t] = t * q + j < n ? b0 + t * q + j : -1;                                              \
                     rows[t] = w + (o[t] < 0 ? b0 + j : o[t]) * in; /* a missing row repeats run 0's */       \
                 }                                                                                            \
                 const WT *w0 = rows[0], *w1 = rows[1], *w2 = rows[2], *w3 = rows[3];                         \
@@ -99,45 +99,45 @@ static inline void span(long n, long part, long parts, long *lo, long *hi) {
     }
 
 /* cols layout: the contraction split into gemv_cols_chunks(in) contiguous blocks of W's rows (a number fixed
- * by the shape), each streamed sequentially into a partial y of its own (partials [chunks, m, out]); the
- * partials are then summed in chunk order. Four weight rows per pass over a partial, so it is read and written
- * a quarter as often. */
+ * by the shape), each summed into a partial y of its own (partials [chunks, m, out]); the partials are then added
+ * in chunk order. A chunk's rows are cut into ROW_TILE runs of q consecutive rows, and each pass over the partial
+ * adds one row of each run, so the kernel reads ROW_TILE long contiguous streams (as the rows layout does, and for
+ * the same reason) and reads and writes the partial a quarter as often; the chunk's last rows past 4q are added
+ * one at a time. The order of the additions is fixed by the shape. */
 long gemv_cols_chunks(long in) {
     long c = in / 128;
     return c < 1 ? 1 : (c > 16 ? 16 : c);
 }
 
-#define DEFINE_COLS(NAME, WT, LOAD8, LOAD1, PREFETCH)                                                          \
+#define DEFINE_COLS(NAME, WT, LOAD8, LOAD1)                                                                  \
     void NAME##_part(const float *x, const WT *w, float *partials, long m, long in, long out, long part,     \
                      long parts) {                                                                           \
         long chunks = gemv_cols_chunks(in), per = (in + chunks - 1) / chunks, vec = out / 8 * 8, lo, hi;     \
         span(chunks, part, parts, &lo, &hi);                                                                 \
         for (long c = lo; c < hi; c++) {                                                                     \
             long i0 = c * per < in ? c * per : in, i1 = i0 + per < in ? i0 + per : in;                       \
+            long q = (i1 - i0) / ROW_TILE; /* rows per run */                                                \
             for (long r = 0; r < m; r++) {                                                                   \
                 float *acc = partials + (c * m + r) * out;                                                   \
                 const float *xr = x + r * in;                                                                \
                 for (long j = 0; j < out; j++) acc[j] = 0.0f;                                                \
-                long i = i0;                                                                                 \
-                for (; i + 4 <= i1; i += 4) {                                                                \
-                    const WT *w0 = w + i * out, *w1 = w0 + out, *w2 = w1 + out, *w3 = w2 + out;              \
-                    const char *next = (const char *)(w3 + out); /* the next four rows: contiguous */        \
-                    int fetch = PREFETCH && r == 0 && i + 8 <= i1;                                           \
-                    __m256 x0 = _mm256_set1_ps(xr[i]), x1 = _mm256_set1_ps(xr[i + 1]);                       \
-                    __m256 x2 = _mm256_set1_ps(xr[i + 2]), x3 = _mm256_set1_ps(xr[i + 3]);                   \
+                for (long i = i0; i < i0 + q; i++) { /* rows i, i + q, i + 2q, i + 3q */                     \
+                    long k1 = i + q, k2 = i + 2 * q, k3 = i + 3 * q;                                         \
+                    const WT *w0 = w + i * out, *w1 = w + k1 * out, *w2 = w + k2 * out, *w3 = w + k3 * out;  \
+                    __m256 x0 = _mm256_set1_ps(xr[i]), x1 = _mm256_set1_ps(xr[k1]);                          \
+                    __m256 x2 = _mm256_set1_ps(xr[k2]), x3 = _mm256_set1_ps(xr[k3]);                         \
                     long j = 0;                                                                              \
                     for (; j < vec; j += 8) {                                                                \
-                        if (fetch) _mm_prefetch(next + 4 * sizeof(WT) * j, _MM_HINT_T0);                     \
                         __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), x0, _mm256_loadu_ps(acc + j));             \
                         a = _mm256_fmadd_ps(LOAD8(w1 + j), x1, a);                                           \
                         a = _mm256_fmadd_ps(LOAD8(w2 + j), x2, a);                                           \
                         _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(LOAD8(w3 + j), x3, a));                    \
                     }                                                                                        \
                     for (; j < out; j++)                                                                     \
-                        acc[j] = (((acc[j] + LOAD1(w0 + j) * xr[i]) + LOAD1(w1 + j) * xr[i + 1]) +           \
-                                  LOAD1(w2 + j) * xr[i + 2]) + LOAD1(w3 + j) * xr[i + 3];                    \
+                        acc[j] = (((acc[j] + LOAD1(w0 + j) * xr[i]) + LOAD1(w1 + j) * xr[k1]) +              \
+                                  LOAD1(w2 + j) * xr[k2]) + LOAD1(w3 + j) * xr[k3];                          \
                 }                                                                                            \
-                for (; i < i1; i++)                                                                          \
+                for (long i = i0 + ROW_TILE * q; i < i1; i++)                                                \
                     for (long j = 0; j < out; j++) acc[j] += LOAD1(w + i * out + j) * xr[i];                 \
             }                                                                                                \
         }                                                                                                    \
@@ -166,12 +166,9 @@ void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long
         }
 }
 
-/* Software prefetch of the next rows only for the cols layout's bfloat16: measured on an AMD EPYC
- * (docs/benchmarks.md), it made that chain faster and the float32 one slower, where the hardware prefetcher keeps up
- * by itself; the rows layout's long runs keep it going for both dtypes (a prefetch there measured slower). */
 DEFINE_ROWS(gemv_rows_f32, float, load8_f32, load1_f32)
 DEFINE_ROWS(gemv_rows_bf16, uint16_t, load8_bf16, load1_bf16)
-DEFINE_COLS(gemv_cols_f32, float, load8_f32, load1_f32, 0)
-DEFINE_COLS(gemv_cols_bf16, uint16_t, load8_bf16, load1_bf16, 1)
+DEFINE_COLS(gemv_cols_f32, float, load8_f32, load1_f32)
+DEFINE_COLS(gemv_cols_bf16, uint16_t, load8_bf16, load1_bf16)
 
 long gemv_max_rows(void) { return MAX_ROWS; }

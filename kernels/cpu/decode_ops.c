@@ -1,10 +1,11 @@
-/* The small per-token operators of a decode step, one call each: add+RMSNorm, rotate-half RoPE and grouped
- * attention over a KV cache. At a decode step's few rows each of these is a handful of elements per
- * operator, and its cost in eager PyTorch is the 5-10 dispatches it takes (and the caches the weight stream has
+/* The small per-token operators of a decode step, one call each: add+RMSNorm, rotate-half RoPE, grouped
+ * attention over a KV cache and SwiGLU's activation. At a decode step's few rows each of these is a handful of
+ * elements per operator, and its cost in eager PyTorch is the 5-10 dispatches it takes (and the caches the weight stream has
  * just flushed), not the arithmetic; one call does the same arithmetic once. torch_impl takes them only in its
  * generation's CPU decode steps (kernels/cpu/torch_decode_ops.py); their math is kernels/triton/reference.py's
- * add_rms_norm_reference, torch_impl/rotary_embedding.py's apply_rotary and torch_impl/attention.py's attend,
- * which the tests hold them to (SwiGLU is not here: torch's vectorized exp beats a scalar one at these sizes).
+ * add_rms_norm_reference and silu_and_mul_reference, torch_impl/rotary_embedding.py's apply_rotary and
+ * torch_impl/attention.py's attend, which the tests hold them to. exp is exp8's, eight lanes at a time: a scalar
+ * expf lost to torch's vectorized one at these sizes.
  * Built and loaded by kernels/cpu/build.py.
  *
  * Storage float32 or bfloat16 (NAME_f32 / NAME_bf16), compute float32, each result rounded once where the
@@ -54,6 +55,33 @@ static inline __m256 sums8(const __m256 *a) {
 static inline float sum1(__m256 a) {
     __m256 all[8] = {a, a, a, a, a, a, a, a};
     return _mm256_cvtss_f32(sums8(all));
+}
+
+/* exp of 8 floats: x = n ln2 + r, |r| <= ln2 / 2, e^r by Cephes' degree-7 polynomial, times 2^n: within 2 float32
+ * ulps of the correctly rounded value (torch's vectorized exp is within 1; the tests hold the ops to their
+ * references' tolerance rows). Below -87.3 (where 2^n leaves the normal range) the result is 0, not a subnormal. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.72283f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); /* ln2 in two parts: r exact */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n as float bits; n in [-126, 128]: 2^128 would overflow the exponent, so scale by 2^(n-1) twice */
+    __m256i e = _mm256_cvtps_epi32(n);
+    __m256i half = _mm256_srai_epi32(e, 1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256i rest = _mm256_add_epi32(_mm256_sub_epi32(e, half), _mm256_set1_epi32(127));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(rest, 23));
+    return _mm256_andnot_ps(under, _mm256_mul_ps(_mm256_mul_ps(y, s1), s2));
 }
 
 /* sum of v[i]^2 in float32: 8 lanes of a vector register, then the lanes (a reordering of torch's sum) */
@@ -139,6 +167,20 @@ DEFINE_ROTARY(rotary_bf16, uint16_t, ld_bf16, st_bf16)
 DEFINE_DOTS8(dots8_f32, float, ld_f32, ld8_f32)
 DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16)
 
+/* softmax's last two steps on scores p[0..n) with maximum `top`: p = exp(p - top) (exp8, eight at a time), then
+ * p / sum(p), the sum taken in index order as before the vector exp. */
+static void softmax_tail(float *p, long n, float top) {
+    long vec = n / 8 * 8;
+    __m256 t = _mm256_set1_ps(top);
+    for (long s = 0; s < vec; s += 8) _mm256_storeu_ps(p + s, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + s), t)));
+    for (long s = vec; s < n; s++) p[s] = expf(p[s] - top);
+    float sum = 0.0f;
+    for (long s = 0; s < n; s++) sum += p[s];
+    __m256 total = _mm256_set1_ps(sum);
+    for (long s = 0; s < vec; s += 8) _mm256_storeu_ps(p + s, _mm256_div_ps(_mm256_loadu_ps(p + s), total));
+    for (long s = vec; s < n; s++) p[s] = p[s] / sum;
+}
+
 /* attend (torch_impl/attention.py) for one batch row: q [T, n_kv, g, d] contiguous, keys k[kv, s, :] at
  * k + kv * k_head + s * d, values v[kv, :, s] at v + kv * v_head + i * v_row + s, mask [T, S] (nonzero: may
  * attend) -> out [T, n_kv, g, d]. scores = (q . k) * scale, softcap (cap > 0): cap * tanh(scores / cap), masked
@@ -159,7 +201,7 @@ DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16)
                     for (long i = 0; i < d; i++) qf[i] = LD(qr, i);                                          \
                     for (long s0 = 0; s0 < keys; s0 += 8) /* q . k for keys s0 .. s0 + 7 */                  \
                         DOTS8(qf, kh + s0 * d, d, keys - s0 < 8 ? keys - s0 : 8, d, p + s0);                 \
-                    float top = -INFINITY, sum = 0.0f;                                                       \
+                    float top = -INFINITY;                                                                   \
                     for (long s = 0; s < keys; s++) {                                                        \
                         float x = p[s] * scale;                                                              \
                         if (cap > 0.0f) x = tanhf(x / cap) * cap;                                            \
@@ -167,8 +209,7 @@ DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16)
                         p[s] = x;                                                                            \
                         top = x > top ? x : top;                                                             \
                     }                                                                                        \
-                    for (long s = 0; s < keys; s++) sum += (p[s] = expf(p[s] - top));                        \
-                    for (long s = 0; s < keys; s++) p[s] = p[s] / sum;                                       \
+                    softmax_tail(p, keys, top);                                                              \
                     const T *vh = v + kv * v_head;                                                           \
                     T *o = out + ((t * n_kv + kv) * g + j) * d;                                              \
                     for (long i0 = 0; i0 < d; i0 += 8) { /* p . v for value rows i0 .. i0 + 7 */             \
@@ -183,3 +224,24 @@ DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16)
     }
 DEFINE_ATTEND(attend_f32, float, ld_f32, dots8_f32, st_f32)
 DEFINE_ATTEND(attend_bf16, uint16_t, ld_bf16, dots8_bf16, st_bf16)
+
+/* silu_and_mul_reference (kernels/triton/reference.py): x [rows, 2I], gate first -> out [rows, I] =
+ * rnd(silu(g) * u) in float32, silu(g) = g / (1 + exp(-g)) as torch's CPU kernel computes it (exp8 for exp). */
+#define DEFINE_SILU(NAME, T, LD, LD8, ST)                                                                     \
+    void NAME(const T *x, T *out, long rows, long inter) {                                                   \
+        for (long r = 0; r < rows; r++) {                                                                    \
+            const T *g = x + r * 2 * inter, *u = g + inter;                                                  \
+            T *o = out + r * inter;                                                                          \
+            long vec = inter / 8 * 8;                                                                        \
+            float v[8];                                                                                      \
+            for (long i = 0; i < vec; i += 8) {                                                              \
+                __m256 gv = LD8(g + i), one = _mm256_set1_ps(1.0f);                                          \
+                __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));                                     \
+                _mm256_storeu_ps(v, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), LD8(u + i)));    \
+                for (long k = 0; k < 8; k++) ST(o, i + k, v[k]);                                              \
+            }                                                                                                \
+            for (long i = vec; i < inter; i++) ST(o, i, LD(g, i) / (1.0f + expf(-LD(g, i))) * LD(u, i));     \
+        }                                                                                                    \
+    }
+DEFINE_SILU(silu_and_mul_f32, float, ld_f32, ld8_f32, st_f32)
+DEFINE_SILU(silu_and_mul_bf16, uint16_t, ld_bf16, ld8_bf16, st_bf16)

@@ -1,7 +1,7 @@
-"""PyTorch launcher of a decode step's small operators (kernels/cpu/decode_ops.c): `add_rms_norm`, `rotary` and
-`attend`, each with its reference's contract (kernels/triton/reference.py's add_rms_norm_reference,
-torch_impl/rotary_embedding.py's apply_rotary, torch_impl/attention.py's attend): the same arguments, shapes,
-dtypes and roundings.
+"""PyTorch launcher of a decode step's small operators (kernels/cpu/decode_ops.c): `add_rms_norm`, `rotary`,
+`attend` and `silu_and_mul`, each with its reference's contract (kernels/triton/reference.py's
+add_rms_norm_reference and silu_and_mul_reference, torch_impl/rotary_embedding.py's apply_rotary,
+torch_impl/attention.py's attend): the same arguments, shapes, dtypes and roundings.
 
 At a decode step's few token rows these operators are dispatch-bound: each is 5-10 eager operators of a few
 microseconds on a few thousand elements. torch_impl's layers call one of these instead where `takes` holds, a
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import torch
 
 from kernels.cpu import build
-from kernels.triton.reference import check_add_rms_norm_args
+from kernels.triton.reference import check_add_rms_norm_args, check_silu_and_mul_args
 
 MAX_ROWS = 8  # the most batch rows of a decode step the layers take these for (a larger batch: the reference)
 _P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
@@ -33,6 +33,7 @@ _SIGNATURES = {
     "add_rms_norm": [_P, _P, _P, _P, _P, _L, _L, _F, _F, _I],
     "rotary": [_P, _P, _P, _P, _L, _L, _L, _L],
     "attend": [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F, _F],
+    "silu_and_mul": [_P, _P, _L, _L],
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _DECODING = contextvars.ContextVar("torch_decode_ops.decoding", default=False)
@@ -190,4 +191,15 @@ def attend(
     for row in range(b):  # [T, n_kv, g, d] of one batch row: each operand's address of that row
         fn(*[start + row * step for start, step in pointers], t, n_kv, g, d, s, k.stride(1), v.stride(1), v.stride(2),
            scale, cap)  # fmt: skip
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu_and_mul_reference's result: x [..., 2I] (gate first) -> [..., I] in x's dtype."""
+    check_silu_and_mul_args(x, op="silu_and_mul")  # the reference's own checks: the same calls are legal
+    _same("silu_and_mul", x)
+    x = x.contiguous()
+    inter = x.shape[-1] // 2
+    out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype)  # [..., I]
+    _functions()["silu_and_mul", x.dtype](x.data_ptr(), out.data_ptr(), x.numel() // (2 * inter), inter)
     return out

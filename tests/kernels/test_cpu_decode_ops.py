@@ -1,6 +1,7 @@
 """kernels/cpu/decode_ops.c through its torch launcher (torch_decode_ops.py): each operator against the reference it
 stands in for at a decode step, held to the kernel tolerance table's row (odd widths, float32 and bfloat16,
-non-contiguous inputs, Gemma's and OLMo 2's norm options, soft-capping, fully masked rows); the rule that decides
+non-contiguous inputs, Gemma's and OLMo 2's norm options, soft-capping, fully masked rows, SwiGLU's exp at its
+float32 extremes); the rule that decides
 when torch_impl's layers take it (generation's decode steps only); a whole decode through it against the same
 decode on the reference; and errors that name the operand (the norm's: its reference's own).
 """
@@ -17,7 +18,7 @@ import spec
 import torch_impl
 import torch_impl.layernorm
 from kernels.cpu import build, torch_decode_ops
-from kernels.triton.reference import add_rms_norm_reference
+from kernels.triton.reference import add_rms_norm_reference, silu_and_mul_reference
 from tests.greedy import assert_same_greedy
 from tests.kernels.tolerances import assert_within_tolerance
 from torch_impl.attention import attend
@@ -65,6 +66,30 @@ def test_add_rms_norm_matches_the_reference(dtype, dim, options):
     assert_within_tolerance(numpy(new), numpy(ref_new), "new_residual", name(dtype), "residual")
     assert_within_tolerance(numpy(out), numpy(ref_out), row, name(dtype), "with a residual")
     assert_within_tolerance(numpy(alone), numpy(ref_alone), row, name(dtype), "alone")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inter", [1, 7, 64, 1031])
+def test_silu_and_mul_matches_the_reference(dtype, inter):
+    """Odd widths (the vector loop's tail), values wide enough to reach silu's saturated tails, a strided input
+    and the extremes where exp over- or underflows in float32."""
+    base = randn(3, 2, 2 * inter, dtype=dtype, seed=inter, scale=3.0)[:, 1:]  # [3, 1, 2I], strided
+    extremes = torch.tensor([-200.0, -90.0, -87.5, -20.0, 0.0, 20.0, 88.8, 200.0], dtype=dtype)
+    wide = torch.cat([extremes.repeat(-(-inter // 8))[:inter], torch.full((inter,), 2.0, dtype=dtype)])[None, None]
+    for x in (base, wide):
+        with torch.inference_mode():
+            out, ref = torch_decode_ops.silu_and_mul(x), silu_and_mul_reference(x)
+        assert out.dtype == dtype and out.shape == ref.shape == (*x.shape[:-1], inter)
+        assert torch.isfinite(out).all()
+        assert_within_tolerance(numpy(out), numpy(ref), "silu_and_mul", name(dtype), f"[{inter}]")
+
+
+def test_silu_and_mul_known_answer():
+    """silu(1) * 2 = 2 / (1 + e^-1) = 1.4621; silu(-1) * 3 = -3 / (1 + e) = -0.8068; silu(0) * 5 = 0."""
+    x = torch.tensor([[[1.0, -1.0, 0.0, 2.0, 3.0, 5.0]]])
+    with torch.inference_mode():
+        out = torch_decode_ops.silu_and_mul(x)
+    np.testing.assert_allclose(out.numpy()[0, 0], [1.4621, -0.8068, 0.0], atol=1e-4)
 
 
 def test_rms_norm_known_answer():
@@ -189,6 +214,10 @@ def test_bad_operands_name_the_problem():
         q = torch.zeros(1, 1, 2, 1, 8)
         with pytest.raises(ValueError, match=r"mask \[1, 1, S\] bool"):
             torch_decode_ops.attend(q, torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 8, 3), torch.ones(1, 1, 3), 1.0)
+        with pytest.raises(ValueError, match=r"silu_and_mul: x must have shape \[..., 2\*I\].*\(1, 1, 7\)"):
+            torch_decode_ops.silu_and_mul(torch.zeros(1, 1, 7))
+        with pytest.raises(ValueError, match="float32 or bfloat16 CPU tensors"):
+            torch_decode_ops.silu_and_mul(torch.zeros(1, 1, 8, dtype=torch.float16))
 
 
 def test_generation_through_the_kernels_equals_the_reference(tmp_path):
@@ -199,21 +228,27 @@ def test_generation_through_the_kernels_equals_the_reference(tmp_path):
 
     model = torch_impl.from_pretrained(spec.default_checkpoint(tmp_path))
     prompt = [[5, 9, 200, 17], [3, 1, 4, 1]]
-    calls = {"n": 0}
-    launch = torch_decode_ops._functions()["attend", torch.float32]
+    calls = {"attend": 0, "silu_and_mul": 0}
+    table = torch_decode_ops._functions()
+    launches = {op: table[op, torch.float32] for op in calls}
 
-    def counted(*args):
-        calls["n"] += 1
-        return launch(*args)
+    def counted(op):
+        def call(*args):
+            calls[op] += 1
+            return launches[op](*args)
 
-    torch_decode_ops._functions()["attend", torch.float32] = counted
+        return call
+
+    table.update({(op, torch.float32): counted(op) for op in calls})
     try:
         fast = torch_impl.generate(model, prompt, 8, eos_token_ids=(), return_logits=True)
     finally:
-        torch_decode_ops._functions()["attend", torch.float32] = launch
+        table.update({(op, torch.float32): launch for op, launch in launches.items()})
     with torch_decode_ops.reference_only():
         ref = torch_impl.generate(model, prompt, 8, eos_token_ids=(), return_logits=True)
-    assert calls["n"] == 7 * model.spec.num_hidden_layers * len(prompt)  # 7 decode steps, every layer, each row
+    layers = model.spec.num_hidden_layers
+    assert calls["attend"] == 7 * layers * len(prompt)  # 7 decode steps, every layer, each row
+    assert calls["silu_and_mul"] == 7 * layers  # one call for the step's rows
     # the suite's rule for greedy runs of two correct float32 paths: identical tokens, except from a near-tie on
     assert_same_greedy({"reference": ref.tokens, "kernels": fast.tokens}, ref.logits)
     differs = np.flatnonzero((np.array(ref.tokens) != np.array(fast.tokens)).any(axis=0))  # steps where a row split

@@ -168,7 +168,7 @@ def generate(
                 logits_seen.append(np.asarray(whole)[:, : model.spec.vocab_size])
             if stream is not None:
                 stream(step, steps[-1])
-            if step == max_new_tokens - 1 or bool(finished.all()):
+            if step == max_new_tokens - 1 or np.asarray(finished).all():  # [B] on the host: no device reduction
                 break
             token, logits, cache, key_valid, finished = decode_fn(
                 leaves, cache, token, key_valid, finished, keys[step + 1], eos

@@ -55,7 +55,7 @@ static inline void span(long n, long part, long parts, long *lo, long *hi) {
 /* rows layout: a part's output rows are cut into blocks of up to ROW_TILE runs of q consecutive rows (~RUN_BYTES of
  * weights per run), and the kernel dots one row of each run at a time, so it reads ROW_TILE long contiguous streams.
  * ROW_TILE adjacent rows instead (at in = 1024 each row is one 4 KB page) read a chain of decode-sized products
- * 12-25% slower on an AMD EPYC: the hardware prefetcher restarts at every short stream (docs/benchmarks.md). Each
+ * measurably slower: the hardware prefetcher restarts at every short stream (docs/benchmarks.md has the figures). Each
  * output is still one dot product in one order, so the cut changes no result. The accumulators are named
  * registers (an array indexed by a run-time count would live in memory). */
 #define DEFINE_ROWS(NAME, WT, LOAD8, LOAD1)                                                                  \

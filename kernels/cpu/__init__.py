@@ -1,7 +1,8 @@
 """CPU kernels: the few-row product of a decode step (gemv.c), compiled on the machine that runs it (build.py),
-with a launcher per framework (torch_gemv.py, jax_gemv.py) and a float64 reference (reference.py).
+with a launcher per framework (torch_gemv.py, jax_gemv.py) and a float64 reference (reference.py); and a torch
+decode step's small operators (decode_ops.c, launched by torch_decode_ops.py against the layers' references).
 
 Unlike kernels/triton and kernels/pallas, which are GPU kernels checked on CPU in interpret mode, these run
-natively on the CPU, and only where they were measured faster than the libraries (torch_impl/linear.py,
+natively on the CPU; the product only where it was measured faster than the libraries (torch_impl/linear.py,
 jax_impl/linear.py choose per product shape). This module imports neither torch nor jax.
 """

@@ -86,8 +86,8 @@ def takes(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
     """Whether a layer runs its operator on `x` [B, T, ...] (and its other `operands`: a norm's weight and
     residual, RoPE's cos and sin) here: inside `decode_steps()` and not `reference_only()`, one token per row
     (T = 1) and at most MAX_ROWS rows, a CPU float32 or bfloat16 tensor, nothing to differentiate, no dispatch or
-    function mode and no profiler watching, the kernels built. (Asked by every norm, rotation and attention of a
-    decode step: plain comparisons, cheapest first.)"""
+    function mode and no profiler watching, the kernels built. (Asked by every norm, rotation, attention and SwiGLU
+    of a decode step: plain comparisons, cheapest first.)"""
     dtype = x.dtype
     return (
         _DECODING.get()

@@ -166,18 +166,31 @@ DEFINE_ROTARY(rotary_bf16, uint16_t, ld_bf16, st_bf16)
 DEFINE_DOTS8(dots8_f32, float, ld_f32, ld8_f32)
 DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16)
 
-/* softmax's last two steps on scores p[0..n) with maximum `top`: p = exp(p - top) (exp8, eight at a time), then
- * p / sum(p), the sum taken in index order as before the vector exp. */
+/* k <= 8 values from p as 8 float32 lanes, the lanes past k zero: a row's last, short block goes through the same
+ * vector code as the others (so an element's result does not depend on where in the row it sits). */
+#define DEFINE_PART8(NAME, T, LD, LD8)                                                                        \
+    static inline __m256 NAME(const T *p, long k) {                                                          \
+        if (k == 8) return LD8(p);                                                                           \
+        float lanes[8] = {0};                                                                                \
+        for (long j = 0; j < k; j++) lanes[j] = LD(p, j);                                                    \
+        return _mm256_loadu_ps(lanes);                                                                       \
+    }
+DEFINE_PART8(part8_f32, float, ld_f32, ld8_f32)
+DEFINE_PART8(part8_bf16, uint16_t, ld_bf16, ld8_bf16)
+
+/* softmax's last two steps on scores p[0..n) with maximum `top`: p = exp(p - top) (exp8), then p / sum(p), the sum
+ * taken in index order. */
 static void softmax_tail(float *p, long n, float top) {
-    long vec = n / 8 * 8;
     __m256 t = _mm256_set1_ps(top);
-    for (long s = 0; s < vec; s += 8) _mm256_storeu_ps(p + s, exp8(_mm256_sub_ps(_mm256_loadu_ps(p + s), t)));
-    for (long s = vec; s < n; s++) p[s] = expf(p[s] - top);
+    float e[8];
+    for (long s = 0; s < n; s += 8) {
+        long k = n - s < 8 ? n - s : 8;
+        _mm256_storeu_ps(e, exp8(_mm256_sub_ps(part8_f32(p + s, k), t)));
+        memcpy(p + s, e, sizeof(float) * k);
+    }
     float sum = 0.0f;
     for (long s = 0; s < n; s++) sum += p[s];
-    __m256 total = _mm256_set1_ps(sum);
-    for (long s = 0; s < vec; s += 8) _mm256_storeu_ps(p + s, _mm256_div_ps(_mm256_loadu_ps(p + s), total));
-    for (long s = vec; s < n; s++) p[s] = p[s] / sum;
+    for (long s = 0; s < n; s++) p[s] = p[s] / sum;
 }
 
 /* attend (torch_impl/attention.py) for one batch row: q [T, n_kv, g, d] contiguous, keys k[kv, s, :] at
@@ -226,21 +239,20 @@ DEFINE_ATTEND(attend_bf16, uint16_t, ld_bf16, dots8_bf16, st_bf16)
 
 /* silu_and_mul_reference (kernels/triton/reference.py): x [rows, 2I], gate first -> out [rows, I] =
  * rnd(silu(g) * u) in float32, silu(g) = g / (1 + exp(-g)) as torch's CPU kernel computes it (exp8 for exp). */
-#define DEFINE_SILU(NAME, T, LD, LD8, ST)                                                                     \
+#define DEFINE_SILU(NAME, T, PART8, ST)                                                                       \
     void NAME(const T *x, T *out, long rows, long inter) {                                                   \
+        const __m256 one = _mm256_set1_ps(1.0f);                                                             \
+        float v[8];                                                                                          \
         for (long r = 0; r < rows; r++) {                                                                    \
             const T *g = x + r * 2 * inter, *u = g + inter;                                                  \
             T *o = out + r * inter;                                                                          \
-            long vec = inter / 8 * 8;                                                                        \
-            float v[8];                                                                                      \
-            for (long i = 0; i < vec; i += 8) {                                                              \
-                __m256 gv = LD8(g + i), one = _mm256_set1_ps(1.0f);                                          \
-                __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));                                     \
-                _mm256_storeu_ps(v, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), LD8(u + i)));    \
-                for (long k = 0; k < 8; k++) ST(o, i + k, v[k]);                                              \
+            for (long i = 0; i < inter; i += 8) {                                                            \
+                long k = inter - i < 8 ? inter - i : 8;                                                      \
+                __m256 gv = PART8(g + i, k), e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));              \
+                _mm256_storeu_ps(v, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), PART8(u + i, k))); \
+                for (long j = 0; j < k; j++) ST(o, i + j, v[j]);                                             \
             }                                                                                                \
-            for (long i = vec; i < inter; i++) ST(o, i, LD(g, i) / (1.0f + expf(-LD(g, i))) * LD(u, i));     \
         }                                                                                                    \
     }
-DEFINE_SILU(silu_and_mul_f32, float, ld_f32, ld8_f32, st_f32)
-DEFINE_SILU(silu_and_mul_bf16, uint16_t, ld_bf16, ld8_bf16, st_bf16)
+DEFINE_SILU(silu_and_mul_f32, float, part8_f32, st_f32)
+DEFINE_SILU(silu_and_mul_bf16, uint16_t, part8_bf16, st_bf16)

@@ -1,9 +1,9 @@
 """kernels/cpu/decode_ops.c through its torch launcher (torch_decode_ops.py): each operator against the reference it
 stands in for at a decode step, held to the kernel tolerance table's row (odd widths, float32 and bfloat16,
 non-contiguous inputs, Gemma's and OLMo 2's norm options, soft-capping, fully masked rows, SwiGLU's exp at its
-float32 extremes); the rule that decides
-when torch_impl's layers take it (generation's decode steps only); a whole decode through it against the same
-decode on the reference; and errors that name the operand (the norm's: its reference's own).
+float32 extremes); the rule that decides when torch_impl's layers take it (generation's decode steps only); a whole
+decode through it against the same decode on the reference; and errors that name the operand (the norm's: its
+reference's own).
 """
 
 from __future__ import annotations

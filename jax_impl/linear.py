@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -232,7 +233,9 @@ def _worth_timing(forms: tuple[str, ...], rows: int, dtype) -> tuple[str, ...]:
 def bf16_row_dot_copies() -> bool:
     """Whether XLA lowers one bfloat16 row's single dot through a float32 copy of its weight while the padded form
     reads the weight as bf16: read once per process from the compiled pair on a small shape (the lowering depends
-    on the jaxlib and may depend on the processor's bf16 support, so it is read here, not assumed)."""
+    on the jaxlib and may depend on the processor's bf16 support, so it is read here, not assumed). Part of
+    choosing, so its time (two compilations) is charged to PATHS.cost()."""
+    start = time.perf_counter()
     shapes = jax.ShapeDtypeStruct((1, 256), jnp.bfloat16), jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)
     kw = dict(axis=0, precision=jax.lax.Precision.HIGHEST, preferred_element_type=None)
 
@@ -241,7 +244,9 @@ def bf16_row_dot_copies() -> bool:
             text = jax.jit(functools.partial(FORMS[form], **kw)).lower(*shapes).compile().as_text()
         return "f32[256,384]" in text
 
-    return copies("dot") and not copies("pad")
+    copied = copies("dot") and not copies("pad")
+    PATHS.charge(time.perf_counter() - start)
+    return copied
 
 
 def dot_general(

@@ -53,6 +53,7 @@ class PathChoice:
         self.name, self.paths, self.repeats, self.margin, self.clock = name, paths, repeats, margin, clock
         self.prune = prune
         self._chosen: dict[Hashable, Choice] = {}
+        self._charged = 0.0  # choosing work that belongs to no one key (`charge`)
         self._forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"{name}.forced", default=None)
         self._lock = threading.RLock()
 
@@ -124,15 +125,24 @@ class PathChoice:
         run()
         return self.clock() - t0
 
+    def charge(self, seconds: float) -> None:
+        """Add to `cost()` what choosing cost outside any one key's measurement: a probe a backend runs once to
+        decide which candidates a key times."""
+        if not seconds >= 0:
+            raise ValueError(f"{self.name}: charged seconds must be >= 0, got {seconds!r}")
+        with self._lock:
+            self._charged += seconds
+
     def chosen(self) -> dict[Hashable, Choice]:
         """Every key measured so far in this process, and its choice."""
         return dict(self._chosen)
 
     def cost(self) -> float:
-        """Seconds this process spent measuring."""
-        return sum(choice.cost for choice in self._chosen.values())
+        """Seconds this process spent choosing: each key's measurement, and what was charged besides."""
+        return self._charged + sum(choice.cost for choice in self._chosen.values())
 
     def clear(self) -> None:
-        """Forget every choice: the next product of each key measures again."""
+        """Forget every choice and the charged cost: the next product of each key measures again."""
         with self._lock:
             self._chosen.clear()
+            self._charged = 0.0

@@ -71,6 +71,22 @@ def test_measured_once_per_key():
     assert choice.chosen() == {} and choice.cost() == 0
 
 
+def test_charged_seconds_count_in_the_cost_until_cleared():
+    """A probe's time (`charge`) is part of what choosing cost, beside each key's measurement."""
+    clock = FakeClock()
+    choice = make(clock, repeats=1)
+    choice.charge(0.25)
+    choice.choose("k", lambda: {"plain": clock.candidate(1.0, [], "plain")})  # a warm-up and a pass: 2 s
+    assert choice.cost() == pytest.approx(2.25)
+    with pytest.raises(ValueError, match="charged seconds must be >= 0, got -1.0"):
+        choice.charge(-1.0)
+    with pytest.raises(ValueError, match="got nan"):
+        choice.charge(float("nan"))
+    assert choice.cost() == pytest.approx(2.25)  # a refused charge adds nothing
+    choice.clear()
+    assert choice.cost() == 0.0
+
+
 def test_a_single_candidate_is_taken():
     clock = FakeClock()
     choice = make(clock)

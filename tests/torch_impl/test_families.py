@@ -10,6 +10,8 @@ case spawns once for two families (the costly part); training compares gradients
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -22,7 +24,9 @@ from tests.backends import rel_err
 from tests.greedy import assert_same_greedy
 from tests.hf_models import ALL_CONFIGS, FAMILY_CONFIGS, save_hf_checkpoint
 
-pytest.importorskip("transformers")
+# A mark, not importorskip: the ranks this module spawns import it to find their function, and importing
+# transformers there cost each rank ~1.5 s for nothing.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
 
 FAMILIES = list(FAMILY_CONFIGS)
 FP32_REL = 1e-5  # the bound: the same float32 ops, summation order apart

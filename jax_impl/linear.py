@@ -44,9 +44,10 @@ from __future__ import annotations
 
 import functools
 import math
+import mmap
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -157,45 +158,76 @@ FORMS = {"dot": _single, "split": _split, "pad": _pad, "gemv": _gemv}
 
 @functools.cache
 def _host_arena(dtype: str) -> np.ndarray:
-    """STREAM_BYTES of ones, written once per process, at an ARENA_ALIGN-aligned address: XLA's CPU client then
-    takes each timed weight (a view of it whose byte size is a multiple of the alignment) as it is, where from a
-    plain numpy array it copied every key's weights (docs/benchmarks.md). Never written again."""
-    raw = np.empty(STREAM_BYTES + ARENA_ALIGN, np.uint8)
-    start = -raw.ctypes.data % ARENA_ALIGN
-    arena = raw[start : start + STREAM_BYTES].view(jnp.dtype(dtype))
+    """STREAM_BYTES of ones, written once per process, at a page-aligned (so ARENA_ALIGN-aligned) address: XLA's CPU
+    client then takes each timed weight (a view of it whose byte size is a multiple of the alignment) as it is,
+    where from a plain numpy array it copied every key's weights (docs/benchmarks.md). Its pages are mapped in one
+    call (MAP_POPULATE, Linux), not faulted in one at a time by numpy's single-threaded fill, which on a VM can cost
+    more than the fill (docs/benchmarks.md; torch fills its own arena on its threads). Never written again."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)  # POPULATE: Linux only
+    arena = np.frombuffer(mmap.mmap(-1, STREAM_BYTES, flags=flags), jnp.dtype(dtype))  # keeps the map alive
     arena[:] = 1
     return arena
 
 
-def _candidates(forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], dtype, axis: int, precision,
-                preferred_element_type) -> dict[str, Callable]:  # fmt: skip
+def _timed_x(form: str, rows: int, k: int, dtype) -> jax.ShapeDtypeStruct:
+    """x as `form`'s timing program takes it (`_candidates` says why): [in] for one row, else [rows, in]; in
+    float32 for the kernel, which takes x in float32 (converting it is a kernel of its own in a lone program, part
+    of x's producer in a model's)."""
+    return jax.ShapeDtypeStruct((k,) if rows == 1 else (rows, k), jnp.float32 if form == "gemv" else dtype)
+
+
+def _compiling(pool: ThreadPoolExecutor, forms: tuple[str, ...], rows: int, w: jax.ShapeDtypeStruct, axis: int,
+               precision=None) -> dict[str, Future]:  # fmt: skip
+    """Each form's timing program for `rows` rows and weights like `w`, compiling on `pool` (XLA compiles without
+    the GIL) from the moment it is lowered, while the next one lowers: {form: future of the compiled program}.
+    Lowered in a trace of its own even while the caller traces, and outside compile-time evaluation, under which
+    `_pad`'s zero row would be computed (and compiled) on the spot."""
+    k = w.shape[axis]
+    return {
+        name: pool.submit(
+            jax.jit(functools.partial(FORMS[name], axis=axis, precision=precision, preferred_element_type=jnp.float32))
+            .lower(_timed_x(name, rows, k, w.dtype), w)
+            .compile
+        )
+        for name in forms
+    }
+
+
+def _candidates(forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], dtype, axis: int,
+                precision) -> dict[str, Callable]:  # fmt: skip
     """One timing pass per form: the product of `rows` rows over distinct weights of rhs's shape that together
     stream up to STREAM_BYTES (a larger weight, a head's table: one with as many output features as fit in it).
 
-    Each form is its own small program, compiled on a thread of its own while the operands are written (XLA
-    compiles without the GIL), so that choosing costs about one compilation per key."""
+    Each form is its own small program, compiled on a thread of its own from the moment it is lowered
+    (`_compiling`), so that choosing costs about one compilation per key. The programs leave out what a model's
+    program fuses into the operations around the product and what XLA:CPU would otherwise compile as kernels of
+    their own, each one a compilation that times nothing the forms differ in (docs/benchmarks.md): one row is
+    passed as a vector, not reshaped from [1, in]; the kernel's x comes in the float32 it computes in; the result
+    stays float32, not rounded to the operands' dtype (`_timed_x`). The product's own operations (the dot, the
+    custom call, a float32 copy of a bfloat16 weight where XLA makes one) are the ones a model's program runs
+    (tests/jax_impl/test_linear.py compares them)."""
     dtype = jnp.dtype(dtype)
     k = rhs_shape[axis]
     if math.prod(rhs_shape) * dtype.itemsize > STREAM_BYTES:  # a tied head's table: fewer output features
         out = max(1, STREAM_BYTES // (k * dtype.itemsize))
         rhs_shape = (out, k) if axis == 1 else (k, out)
     copies = max(1, min(MAX_COPIES, STREAM_BYTES // (math.prod(rhs_shape) * dtype.itemsize)))
-    kw = dict(axis=axis, precision=precision, preferred_element_type=preferred_element_type)
-    args = jax.ShapeDtypeStruct((rows, k), dtype), jax.ShapeDtypeStruct(rhs_shape, dtype)
-    with jax.ensure_compile_time_eval():  # concrete arrays and programs of their own, even while the caller traces
-        lowered = {name: jax.jit(functools.partial(FORMS[name], **kw)).lower(*args) for name in forms}
-        with ThreadPoolExecutor(len(forms)) as pool:
-            compiling = {name: pool.submit(low.compile) for name, low in lowered.items()}
-            x = jax.device_put(np.ones((rows, k), dtype))  # device_put: a copy, no operation to compile
+    with ThreadPoolExecutor(len(forms)) as pool:
+        compiling = _compiling(pool, forms, rows, jax.ShapeDtypeStruct(rhs_shape, dtype), axis, precision=precision)
+        with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
+            xs = {}  # device_put: a copy, no operation to compile
+            for name in forms:
+                x = _timed_x(name, rows, k, dtype)
+                xs[name] = jax.device_put(np.ones(x.shape, x.dtype))
             host = _host_arena(dtype.name)[: copies * math.prod(rhs_shape)].reshape(copies, *rhs_shape)
             weights = [jax.device_put(w) for w in host]  # distinct device buffers (views of the arena)
-            programs = {name: future.result() for name, future in compiling.items()}
+        programs = {name: future.result() for name, future in compiling.items()}
 
-    def run(program: Callable, warm: list[bool]) -> None:
+    def run(program: Callable, x: jax.Array, warm: list[bool]) -> None:
         jax.block_until_ready([program(x, w) for w in (weights if warm else weights[:1])])  # the first: set-up
         warm.append(True)
 
-    return {name: functools.partial(run, programs[name], []) for name in forms}
+    return {name: functools.partial(run, programs[name], xs[name], []) for name in forms}
 
 
 def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, preferred_element_type=None,
@@ -214,7 +246,7 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
     timed = _worth_timing(forms, rows, lhs.dtype)
     if len(timed) == 1:
         return PATHS.settle(key, timed[0])
-    measure = functools.partial(_candidates, timed, rows, rhs.shape, lhs.dtype, axis, precision, preferred_element_type)
+    measure = functools.partial(_candidates, timed, rows, rhs.shape, lhs.dtype, axis, precision)
     return PATHS.choose(key, measure)
 
 
@@ -234,17 +266,13 @@ def bf16_row_dot_copies() -> bool:
     """Whether XLA lowers one bfloat16 row's single dot through a float32 copy of its weight while the padded form
     reads the weight as bf16: read once per process from the compiled pair on a small shape (the lowering depends
     on the jaxlib and may depend on the processor's bf16 support, so it is read here, not assumed). Part of
-    choosing, so its time (two compilations) is charged to PATHS.cost()."""
+    choosing, so its time (two compilations, side by side) is charged to PATHS.cost()."""
     start = time.perf_counter()
-    shapes = jax.ShapeDtypeStruct((1, 256), jnp.bfloat16), jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)
-    kw = dict(axis=0, precision=jax.lax.Precision.HIGHEST, preferred_element_type=None)
-
-    def copies(form: str) -> bool:
-        with jax.ensure_compile_time_eval():  # a program of its own, even while the caller traces
-            text = jax.jit(functools.partial(FORMS[form], **kw)).lower(*shapes).compile().as_text()
-        return "f32[256,384]" in text
-
-    copied = copies("dot") and not copies("pad")
+    with ThreadPoolExecutor(2) as pool:
+        w = jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)  # as a measurement's programs would take it
+        compiling = _compiling(pool, ("dot", "pad"), 1, w, 0, precision=jax.lax.Precision.HIGHEST)
+        dot, pad = ("f32[256,384]" in future.result().as_text() for future in compiling.values())
+    copied = dot and not pad
     PATHS.charge(time.perf_counter() - start)
     return copied
 

@@ -5,7 +5,7 @@ Mirrors torch_impl/linear.py: each backend's CPU choice for the same projections
 nnx.Linear's own, so the loader, sharding rules and checkpoints see no difference; only `dot_general` changes.
 
 A product x [m, in] @ W with few rows m (a decode step) streams W, and how fast depends on how XLA:CPU
-lowers it, which depends on the processor and the dtype. Three forms compute it:
+lowers it, which depends on the processor and the dtype. Four forms compute it:
 
 - dot: the single dot. XLA:CPU lowers a one-row product to its own matrix-vector code, which reads a
   bfloat16 weight through a float32 copy of it; products of more rows go to its library matmul (a bfloat16 one
@@ -24,14 +24,12 @@ lowers it, which depends on the processor and the dtype. Three forms compute it:
   weights below what the machine reads (docs/benchmarks.md).
 
 None is fixed: the first trace of each (rows, in, out, dtype, layout) key asks `PATHS` (spec/path_choice.py),
-which compiles the forms that apply as small programs of their own and times them outside the trace
-(`jax.ensure_compile_time_eval`) on arrays of that shape, over enough distinct weights that they cannot all
-stay in cache, as a decode step streams its weights. The process keeps the fastest form for that key, so every
-later trace agrees; a compiled program holds whichever form was chosen when it was traced. A weight under
-MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single dot without measuring. One bfloat16 row is
-not timed against the single dot where XLA lowers that dot through a float32 copy of the weight and the padded
-form does not (`bf16_row_dot_copies`, read from the compiled programs): the padded form moves less and is settled
-without a measurement.
+which times the forms that apply, each a small program of its own (`_candidates`), over enough distinct weights of
+that shape that they cannot all stay in cache, as a decode step streams its weights, and keeps the fastest for the
+process: every later trace agrees, and a compiled program holds the form chosen when it was traced. A weight under
+MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single dot unmeasured. One bfloat16 row is not timed
+against the single dot where XLA lowers that dot through a float32 copy of the weight and the padded form does not
+(`bf16_row_dot_copies`): the padded form moves less and is settled without a measurement.
 
 Every form accumulates in float32 and rounds once to the output dtype; they differ only by summation order
 (tests/jax_impl/test_linear.py checks each against a float64 product). `PATHS.forced(path)` or
@@ -170,18 +168,16 @@ def _host_arena(dtype: str) -> np.ndarray:
 
 
 def _timed_x(form: str, rows: int, k: int, dtype) -> jax.ShapeDtypeStruct:
-    """x as `form`'s timing program takes it (`_candidates` says why): [in] for one row, else [rows, in]; in
-    float32 for the kernel, which takes x in float32 (converting it is a kernel of its own in a lone program, part
-    of x's producer in a model's)."""
+    """x as `form`'s timing program takes it (`_candidates` says why): [in] for one row, else [rows, in]; float32
+    for the kernel, which computes in it."""
     return jax.ShapeDtypeStruct((k,) if rows == 1 else (rows, k), jnp.float32 if form == "gemv" else dtype)
 
 
 def _compiling(pool: ThreadPoolExecutor, forms: tuple[str, ...], rows: int, w: jax.ShapeDtypeStruct, axis: int,
                precision=None) -> dict[str, Future]:  # fmt: skip
-    """Each form's timing program for `rows` rows and weights like `w`, compiling on `pool` (XLA compiles without
-    the GIL) from the moment it is lowered, while the next one lowers: {form: future of the compiled program}.
-    Lowered in a trace of its own even while the caller traces, and outside compile-time evaluation, under which
-    `_pad`'s zero row would be computed (and compiled) on the spot."""
+    """{form: its timing program for `rows` rows and weights like `w`, compiling on `pool` from the moment it is
+    lowered}. Lowered in a trace of its own even while the caller traces, and outside compile-time evaluation,
+    under which `_pad`'s zero row would be computed (and compiled) on the spot."""
     k = w.shape[axis]
     return {
         name: pool.submit(
@@ -215,10 +211,8 @@ def _candidates(forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], d
     with ThreadPoolExecutor(len(forms)) as pool:
         compiling = _compiling(pool, forms, rows, jax.ShapeDtypeStruct(rhs_shape, dtype), axis, precision=precision)
         with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
-            xs = {}  # device_put: a copy, no operation to compile
-            for name in forms:
-                x = _timed_x(name, rows, k, dtype)
-                xs[name] = jax.device_put(np.ones(x.shape, x.dtype))
+            x_of = {name: _timed_x(name, rows, k, dtype) for name in forms}
+            xs = {name: jax.device_put(np.ones(x.shape, x.dtype)) for name, x in x_of.items()}  # a copy, no program
             host = _host_arena(dtype.name)[: copies * math.prod(rhs_shape)].reshape(copies, *rhs_shape)
             weights = [jax.device_put(w) for w in host]  # distinct device buffers (views of the arena)
         programs = {name: future.result() for name, future in compiling.items()}
@@ -253,9 +247,9 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
 def _worth_timing(forms: tuple[str, ...], rows: int, dtype) -> tuple[str, ...]:
     """The forms a measurement times. Not the single dot of one bfloat16 row where this XLA lowers it through a
     float32 copy of the whole weight and the padded form reads the weight as it is (`bf16_row_dot_copies`): 10
-    bytes moved per weight element against 2. Timed alone it looked close (16 vs 13 ms per 64 MB), because a lone
-    program's copy stays in cache; inside a decode step it ran at 1.4 GB/s against the padded form's 9-13, and a
-    near-tie once chose it. Where the lowering differs, both forms are timed."""
+    bytes moved per weight element against 2. Timed alone it can look close, because a lone program's copy stays
+    in cache; inside a decode step it ran several times slower, and a near-tie once chose it (docs/benchmarks.md).
+    Where the lowering differs, both forms are timed."""
     if rows == 1 and jnp.dtype(dtype) == jnp.bfloat16 and "pad" in forms and bf16_row_dot_copies():
         return tuple(form for form in forms if form != "dot")
     return forms

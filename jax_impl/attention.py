@@ -22,6 +22,7 @@ from flax import nnx
 from jax_impl.layernorm import make_norm
 from jax_impl.linear import Linear
 from jax_impl.rotary_embedding import apply_rotary
+from kernels.cpu import jax_decode_ops
 from spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -120,7 +121,14 @@ class Attention(nnx.Module):
             trace[f"layers.{self.layer_idx}.attn.q"] = q
             trace[f"layers.{self.layer_idx}.attn.k"] = k
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 3, 1)  # [B, n_kv, T, d], [B, n_kv, d, T]
-        if cache is not None:
-            cache, k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, S, d], [B, n_kv, d, S]: every (or ring) + new
-        out = attend(group_heads(q, n_kv), k, v, mask, self.scale, self.softcap)  # [B, T, n_kv, g, d]
+        q = group_heads(q, n_kv)  # [B, T, n_kv, g, d]
+        if cache is not None and not cache.ring[self.layer_idx] and jax_decode_ops.takes(q, k, v):
+            # A decode step on the CPU: the kernel reads the written slots [0, end) of the buffers in place.
+            end = cache.length + t
+            cache, k, v = cache.update(self.layer_idx, k, v, zeroed=False)  # [B, n_kv, S, d], [B, n_kv, d, S]
+            out = jax_decode_ops.attend(q, k, v, mask, self.scale, self.softcap, keys=end)  # [B, T, n_kv, g, d]
+        else:
+            if cache is not None:  # [B, n_kv, S, d], [B, n_kv, d, S]: every slot (or the ring) and the new ones
+                cache, k, v = cache.update(self.layer_idx, k, v)
+            out = attend(q, k, v, mask, self.scale, self.softcap)  # [B, T, n_kv, g, d]
         return self.o_proj(out.reshape(b, t, n * d)), cache  # [B, T, H]

@@ -26,6 +26,7 @@ from jax_impl.kv_cache import DONATE_CACHE, KVCache
 from jax_impl.model import CausalLM, attention_masks, default_positions
 from jax_impl.tensor_parallel import sharded_steps
 from jax_impl.vocab_parallel import DATA, gather_logits, greedy_token
+from kernels.cpu import jax_decode_ops
 from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
 
 
@@ -75,14 +76,23 @@ def _decode_step(graphdef, params: SamplingParams, state, cache: KVCache, token,
     key_valid = key_valid.at[:, cache.length].set(True)  # [B, S_max]: this step's slot is a real token
     positions = default_positions(key_valid, cache.length, 1)  # [B, 1]
     masks = attention_masks(model.spec, key_valid, cache.length, 1, cache)  # per layer type [B, 1, S]
-    logits, cache = model.logits(token[:, None], positions, masks, cache, True)
+    with jax_decode_ops.decode_steps():  # one token per row: the CPU's attention over the cache in C where it applies
+        logits, cache = model.logits(token[:, None], positions, masks, cache, True)
     logits = logits[:, -1].astype(jnp.float32)
     token, finished = _next(logits, params, key, finished, eos, model.layout.tp)
     return token, logits, cache.advance(1), key_valid, finished
 
 
-@lru_cache(maxsize=16)
 def step_functions(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams) -> tuple[Callable, Callable]:
+    """`_step_functions` for the kernels allowed here: a step traced under jax_decode_ops.reference_only() keeps the
+    reference, and one traced outside it the kernels, so each setting has its own pair (and its own compilations)."""
+    return _step_functions(graphdef, treedef, params, jax_decode_ops.enabled())
+
+
+@lru_cache(maxsize=16)
+def _step_functions(
+    graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams, kernels: bool
+) -> tuple[Callable, Callable]:
     """(prefill, decode_step) for one model structure and sampling setup, taking the state as its flat leaves.
 
     The graph definition, the state's tree structure and the sampling parameters are bound here rather than
@@ -97,16 +107,21 @@ def step_functions(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingP
 
     def decode_step(leaves: list[jax.Array], cache: KVCache, token, key_valid, finished, key, eos):
         state = jax.tree.unflatten(treedef, leaves)
-        return _decode_step(graphdef, params, state, cache, token, key_valid, finished, key, eos)
+        with contextlib.nullcontext() if kernels else jax_decode_ops.reference_only():  # as when it was keyed
+            return _decode_step(graphdef, params, state, cache, token, key_valid, finished, key, eos)
 
     return prefill, decode_step
 
 
-@lru_cache(maxsize=16)
 def compiled_steps(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams) -> tuple[Callable, Callable]:
-    """The jit-compiled (prefill, decode_step): one per model structure and sampling setup, each compiling
-    once per request shape (batch, prompt length, cache length)."""
-    prefill, decode_step = step_functions(graphdef, treedef, params)
+    """The jit-compiled (prefill, decode_step): one per model structure, sampling setup and `step_functions`'
+    kernel setting, each compiling once per request shape (batch, prompt length, cache length)."""
+    return _compiled_steps(step_functions(graphdef, treedef, params))
+
+
+@lru_cache(maxsize=16)
+def _compiled_steps(steps: tuple[Callable, Callable]) -> tuple[Callable, Callable]:
+    prefill, decode_step = steps
     return jax.jit(prefill, **DONATE_CACHE), jax.jit(decode_step, **DONATE_CACHE)
 
 

@@ -76,10 +76,13 @@ class KVCache:
         if requested > self.max_len:
             raise full_error(requested, self.max_len)
 
-    def update(self, layer: int, k: jax.Array, v: jax.Array) -> tuple[KVCache, jax.Array, jax.Array]:
+    def update(
+        self, layer: int, k: jax.Array, v: jax.Array, *, zeroed: bool = True
+    ) -> tuple[KVCache, jax.Array, jax.Array]:
         """k [B, n_kv, T, d], v [B, n_kv, d, T] -> (new cache, this layer's keys [B, n_kv, S, d] and values
         [B, n_kv, d, S]): on a full layer every slot (S = max_len, unwritten ones zero), on a ring layer the ring
-        then the new ones (S = C + T)."""
+        then the new ones (S = C + T). `zeroed=False` (a full layer only) returns the updated buffers themselves,
+        the slots past length + T as they are, for a reader of the written slots alone (the CPU decode kernel)."""
         t = k.shape[2]
         end = self.length + t
         if not isinstance(end, jax.core.Tracer) and int(end) > self.max_len:
@@ -89,9 +92,13 @@ class KVCache:
         if not self.ring[layer]:
             k_all = jax.lax.dynamic_update_slice(cache_k, k, (0, 0, self.length, 0))
             v_all = jax.lax.dynamic_update_slice(cache_v, v, (0, 0, 0, self.length))
-            written = jnp.arange(k_all.shape[2]) < end  # [S_max]
-            k_out, v_out = jnp.where(written[:, None], k_all, 0), jnp.where(written, v_all, 0)
+            k_out, v_out = k_all, v_all
+            if zeroed:
+                written = jnp.arange(k_all.shape[2]) < end  # [S_max]
+                k_out, v_out = jnp.where(written[:, None], k_all, 0), jnp.where(written, v_all, 0)
         else:
+            if not zeroed:
+                raise ValueError(f"KVCache.update: layer {layer} keeps a ring; zeroed=False is for full layers")
             c = cache_k.shape[2]
             k_out = jnp.concatenate([cache_k, k], axis=2)  # [B, n_kv, C + T, d]: the ring before this write
             v_out = jnp.concatenate([cache_v, v], axis=3)  # [B, n_kv, d, C + T]

@@ -26,10 +26,11 @@ lowers it, which depends on the processor and the dtype. Four forms compute it:
 None is fixed: the first trace of each (rows, in, out, dtype, layout) key asks `PATHS` (spec/path_choice.py),
 which times the forms that apply, each a small program of its own (`_candidates`), over enough distinct weights of
 that shape that they cannot all stay in cache, as a decode step streams its weights, and keeps the fastest for the
-process: every later trace agrees, and a compiled program holds the form chosen when it was traced. A weight under
-MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single dot unmeasured. One bfloat16 row is not timed
-against the single dot where XLA lowers that dot through a float32 copy of the weight and the padded form does not
-(`bf16_row_dot_copies`): the padded form moves less and is settled without a measurement.
+process (the kernel, where it applies, unless another form beats it in every round: `PATHS`): every later trace
+agrees, and a compiled program holds the form chosen when it was traced. A weight under MIN_CHOICE_BYTES (a test
+model's) stays in cache and keeps the single dot unmeasured. One bfloat16 row is not timed against the single dot
+where XLA lowers that dot through a float32 copy of the weight and the padded form does not (`bf16_row_dot_copies`):
+the padded form moves less and is settled without a measurement.
 
 Every form accumulates in float32 and rounds once to the output dtype; they differ only by summation order
 (tests/jax_impl/test_linear.py checks each against a float64 product). `PATHS.forced(path)` or
@@ -55,7 +56,9 @@ from flax import nnx
 from kernels.cpu import jax_gemv
 from spec.path_choice import PathChoice
 
-PATHS = PathChoice("jax_impl.linear", ("dot", "split", "pad", "gemv"))  # the first is the plain path
+# The first a key offers is its default, which another form replaces only by beating it in every timed round: the
+# kernel where it applies (it reads each weight once, in its stored layout), else the single dot.
+PATHS = PathChoice("jax_impl.linear", ("gemv", "dot", "split", "pad"))
 SPLIT_CHUNKS = 8  # row blocks of W in the split form
 CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight and has a choice; more keep the dot
 STREAM_BYTES = 64 << 20  # the weights one timing pass streams: more than a core's share of cache

@@ -1,15 +1,18 @@
 """Which of several equivalent compute paths a product takes, chosen by timing them on the machine that runs them.
 
 A CPU product can run through more than one library or formulation: torch through MKL (behind F.linear) or
-oneDNN's matmul, XLA through its single dot or the contraction split into row blocks. Each computes the same
-product up to the order of a float32 sum, and which is faster depends on the processor and its libraries
-(docs/benchmarks.md records an AMD EPYC and an Intel Xeon ranking them in opposite orders). So no backend fixes
-a preference: at the first product of a given key (shape and dtype) it asks its `PathChoice`, which times the
-candidates on operands of that shape, taken in turn so that a drift in the machine's speed hits every candidate
-alike (one that is several times slower from the start is not timed again), keeps the fastest for the rest of
-the process and records what measuring cost. A candidate must beat
-the first one (the plain path) by `margin` to replace it, so noise alone never moves a product off the plain
-path, and the choice of a process does not change once made.
+oneDNN's matmul, XLA through its single dot or the contraction split into row blocks, either through the project's
+own CPU kernel. Each computes the same product up to the order of a float32 sum, and which is faster depends on the
+processor and its libraries (docs/benchmarks.md records an AMD EPYC and an Intel Xeon ranking them in opposite
+orders). So no backend fixes a preference: at the first product of a given key (shape and dtype) it asks its
+`PathChoice`, which times the candidates on operands of that shape in rounds, each candidate once per round, taken
+in turn so that a drift in the machine's speed hits every candidate of a round alike (one that is several times
+slower in the first round is not timed again), keeps the fastest for the rest of the process and records what
+measuring cost.
+
+The first candidate in `paths` order (the default) stays unless another beats it by `margin` in every round that
+timed both: a slow spell during one of the default's passes, which on a shared VM can cost it 20-40% of one pass,
+cannot move a product off it alone, and the choice of a process does not change once made.
 
 Correctness never depends on the choice: every candidate computes the same product (the backends' tests check
 each path against a float64 product), and `forced(path)` pins one for the calling thread, for tests and for
@@ -36,7 +39,8 @@ class Choice:
 
 
 class PathChoice:
-    """The measured choice among `paths` (the first is the plain path) of one backend's products, per key."""
+    """The measured choice among `paths` (the first one a key offers is its default) of a backend's products, per
+    key."""
 
     def __init__(
         self,
@@ -44,12 +48,13 @@ class PathChoice:
         paths: tuple[str, ...],
         *,
         repeats: int = 2,
-        margin: float = 0.03,
+        margin: float = 0.05,
         prune: float = 2.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        """`repeats` timed passes per candidate after a warm-up, but one for those `prune` times slower than the
-        fastest in the first; `clock` is the timer (tests pass a fake one)."""
+        """`repeats` rounds of one timed pass per candidate after a warm-up, but one round for those `prune` times
+        slower than the fastest in the first; `margin` the fraction by which a candidate must beat the default in
+        each round; `clock` is the timer (tests pass a fake one)."""
         self.name, self.paths, self.repeats, self.margin, self.clock = name, paths, repeats, margin, clock
         self.prune = prune
         self._chosen: dict[Hashable, Choice] = {}
@@ -109,15 +114,18 @@ class PathChoice:
             raise ValueError(f"{self.name}: candidates {sorted(runs)} are not among {self.paths}")
         for run in runs.values():
             run()  # warm-up: set-up, compilation, first touch
-        best = {name: self._time(run) for name, run in runs.items()}
+        rounds = {name: [self._time(run)] for name, run in runs.items()}  # seconds per round
+        first = min(times[0] for times in rounds.values())
         # A candidate `prune` times slower than the fastest in the first round cannot win on noise: not timed again.
-        live = {name: run for name, run in runs.items() if best[name] <= self.prune * min(best.values())}
+        live = {name: run for name, run in runs.items() if rounds[name][0] <= self.prune * first}
         for _ in range(self.repeats - 1):
-            for name, run in live.items():  # in turn: a slow spell hits every candidate alike
-                best[name] = min(best[name], self._time(run))
-        plain = next(p for p in self.paths if p in runs)
+            for name, run in live.items():  # in turn: a slow spell hits every candidate of the round alike
+                rounds[name].append(self._time(run))
+        best = {name: min(times) for name, times in rounds.items()}
+        default = next(p for p in self.paths if p in runs)
         fastest = min(best, key=best.__getitem__)
-        path = fastest if best[fastest] < (1 - self.margin) * best[plain] else plain
+        paired = zip(rounds[fastest], rounds[default], strict=False)  # the rounds that timed both (pruned: the first)
+        path = fastest if all(f < (1 - self.margin) * d for f, d in paired) else default
         return Choice(path, best, self.clock() - start)
 
     def _time(self, run: Callable[[], object]) -> float:

@@ -17,7 +17,8 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
   faster (docs/benchmarks.md). Every path accumulates in float32 and computes x @ W^T + b up to summation
   order; which is faster depends on the processor (MKL's GEMV is slow on some AMD processors and the faster
   one on Intel). So the first product of each (rows, in, out, dtype, bias) times the paths that apply
-  (spec/path_choice.py) and the process keeps the fastest (above STREAM_ROWS rows, one choice per
+  (spec/path_choice.py) and the process keeps the fastest (the kernel, where it applies, unless another path beats
+  it in every round: `PATHS`) (above STREAM_ROWS rows, one choice per
   power-of-two bucket of rows: `rows_key`). A decode-sized product (few rows) is timed over enough distinct
   weights of its shape that they cannot all stay in cache, as a decode step streams its weights; a
   prefill-sized one, which is compute-bound, on the weight it was called with (its first STREAM_BYTES of
@@ -43,7 +44,9 @@ from torch.utils import flop_counter
 from kernels.cpu import torch_gemv
 from spec.path_choice import PathChoice
 
-PATHS = PathChoice("torch_impl.linear", ("f_linear", "onednn", "upcast", "gemv"))  # the first is the plain path
+# The first a key offers is its default, which another path replaces only by beating it in every timed round: the
+# kernel where it applies (it reads each weight once, in its stored layout), else F.linear.
+PATHS = PathChoice("torch_impl.linear", ("gemv", "f_linear", "onednn", "upcast"))
 STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
 STREAM_BYTES = 64 << 20  # the weights one such timing pass streams: more than a core's share of cache
 MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time

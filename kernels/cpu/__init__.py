@@ -1,6 +1,7 @@
 """CPU kernels: the few-row product of a decode step (gemv.c), compiled on the machine that runs it (build.py),
-with a launcher per framework (torch_gemv.py, jax_gemv.py) and a float64 reference (reference.py); and a torch
-decode step's small operators (decode_ops.c, launched by torch_decode_ops.py against the layers' references).
+with a launcher per framework (torch_gemv.py, jax_gemv.py) and a float64 reference (reference.py); and a decode
+step's small operators (decode_ops.c: launched by torch_decode_ops.py against the layers' references, and its
+attention by jax_decode_ops.py through XLA's FFI).
 
 Unlike kernels/triton and kernels/pallas, which are GPU kernels checked on CPU in interpret mode, these run
 natively on the CPU; the product only where it was measured faster than the libraries (torch_impl/linear.py,

@@ -1,5 +1,5 @@
-"""Compiling and loading the CPU kernels (kernels/cpu/gemv.c and its XLA binding gemv_ffi.cc for JAX;
-kernels/cpu/decode_ops.c).
+"""Compiling and loading the CPU kernels (kernels/cpu/gemv.c and kernels/cpu/decode_ops.c, and for JAX their XLA
+bindings gemv_ffi.cc and decode_ops_ffi.cc).
 
 The kernels are C, compiled on the machine that runs them at first use, with its C compiler, into the project's
 cache directory (spec.default_cache_dir(): $XDG_CACHE_HOME/decoder-parity), under a name that hashes the sources
@@ -32,6 +32,12 @@ HERE = Path(__file__).resolve().parent
 C_FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=gnu11")
 CXX_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-std=c++17")
 REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what gemv.c is compiled for
+SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they include, all hashed into its name
+    "gemv": ("gemv.c",),
+    "gemv_xla": ("gemv.c", "gemv_ffi.cc", "xla_pool.h"),
+    "decode_ops": ("decode_ops.c",),
+    "decode_ops_xla": ("decode_ops.c", "decode_ops_ffi.cc", "xla_pool.h"),
+}
 
 _why: dict[str, str] = {}
 
@@ -55,10 +61,10 @@ def unavailable(name: str) -> str | None:
 
 @functools.cache
 def load(name: str, include_dirs: tuple[str, ...] = ()) -> ctypes.CDLL | None:
-    """The compiled library `name` ("gemv": gemv.c alone; "gemv_xla": gemv.c with the XLA FFI handlers of
-    gemv_ffi.cc, which need XLA's FFI headers in `include_dirs`; "decode_ops": decode_ops.c), built at first use;
-    None where it cannot be."""
-    sources = {"gemv": ("gemv.c",), "gemv_xla": ("gemv.c", "gemv_ffi.cc"), "decode_ops": ("decode_ops.c",)}[name]
+    """The compiled library `name` (SOURCES: "gemv" and "decode_ops" for torch through ctypes; "gemv_xla" and
+    "decode_ops_xla" with their XLA FFI handlers, which need XLA's FFI headers in `include_dirs`), built at first
+    use; None where it cannot be."""
+    sources = SOURCES[name]
     reason = _unsupported()
     if reason is None:
         try:
@@ -107,7 +113,7 @@ def _build(name: str, sources: tuple[str, ...], include_dirs: tuple[str, ...]) -
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         objects = []
-        for source in sources:
+        for source in (source for source in sources if not source.endswith(".h")):
             language, flags = ("c++", CXX_FLAGS) if source.endswith(".cc") else ("c", C_FLAGS)
             compiler = _compiler(language)
             if compiler is None:

@@ -194,45 +194,50 @@ static void softmax_tail(float *p, long n, float top) {
 }
 
 /* attend (torch_impl/attention.py) for one batch row: q [T, n_kv, g, d] contiguous, keys k[kv, s, :] at
- * k + kv * k_head + s * d, values v[kv, :, s] at v + kv * v_head + i * v_row + s, mask [T, S] (nonzero: may
- * attend) -> out [T, n_kv, g, d]. scores = (q . k) * scale, softcap (cap > 0): cap * tanh(scores / cap), masked
- * scores the float32 minimum; softmax as torch's (exp(x - max) / sum); out = rnd(sum_s p[s] * v[:, s]). Both
- * products are DOTS8's: eight keys, then eight value rows, at a time, with fused multiply-adds. Each (step, kv
- * head) is one thread's work on the OpenMP team (torch's own, as for gemv.c), so a long cache is read on every
- * core the libraries would use, and no sum's order depends on the thread count. */
+ * k + kv * k_head + s * d, values v[kv, :, s] at v + kv * v_head + i * v_row + s, mask [T, keys] at mask + t *
+ * mask_row (nonzero: may attend) -> out [T, n_kv, g, d]. scores = (q . k) * scale, softcap (cap > 0): cap *
+ * tanh(scores / cap), masked scores the float32 minimum; softmax as torch's (exp(x - max) / sum); out = rnd(sum_s
+ * p[s] * v[:, s]). Both products are DOTS8's: eight keys, then eight value rows, at a time, with fused
+ * multiply-adds. NAME_item computes one (step, kv head), item = t * n_kv + kv, alone: NAME runs every item of a
+ * batch row on the OpenMP team (torch's own, as for gemv.c), decode_ops_ffi.cc on XLA's thread pool; a long cache
+ * is read on every core the libraries would use, and no sum's order depends on which thread took an item. */
 #define DEFINE_ATTEND(NAME, T, LD, DOTS8, ST)                                                                 \
+    void NAME##_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item, long n_kv,      \
+                     long g, long d, long keys, long mask_row, long k_head, long v_head, long v_row, float scale, \
+                     float cap) {                                                                            \
+        const long t = item / n_kv, kv = item % n_kv;                                                        \
+        float *p = malloc(sizeof(float) * (keys + d)), *qf = p + keys; /* scores, a query in f32 */          \
+        if (!p) abort();                                                                                     \
+        for (long j = 0; j < g; j++) {                                                                       \
+            const T *qr = q + ((t * n_kv + kv) * g + j) * d, *kh = k + kv * k_head;                          \
+            for (long i = 0; i < d; i++) qf[i] = LD(qr, i);                                                  \
+            for (long s0 = 0; s0 < keys; s0 += 8) /* q . k for keys s0 .. s0 + 7 */                          \
+                DOTS8(qf, kh + s0 * d, d, keys - s0 < 8 ? keys - s0 : 8, d, p + s0);                         \
+            float top = -INFINITY;                                                                           \
+            for (long s = 0; s < keys; s++) {                                                                \
+                float x = p[s] * scale;                                                                      \
+                if (cap > 0.0f) x = tanhf(x / cap) * cap;                                                    \
+                if (!mask[t * mask_row + s]) x = -3.40282347e38f;                                            \
+                p[s] = x;                                                                                    \
+                top = x > top ? x : top;                                                                     \
+            }                                                                                                \
+            softmax_tail(p, keys, top);                                                                      \
+            const T *vh = v + kv * v_head;                                                                   \
+            T *o = out + ((t * n_kv + kv) * g + j) * d;                                                      \
+            for (long i0 = 0; i0 < d; i0 += 8) { /* p . v for value rows i0 .. i0 + 7 */                     \
+                long n = d - i0 < 8 ? d - i0 : 8;                                                            \
+                float sums[8];                                                                               \
+                DOTS8(p, vh + i0 * v_row, v_row, n, keys, sums);                                             \
+                for (long u = 0; u < n; u++) ST(o, i0 + u, sums[u]);                                         \
+            }                                                                                                \
+        }                                                                                                    \
+        free(p);                                                                                             \
+    }                                                                                                        \
     void NAME(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long steps, long n_kv, long g, \
               long d, long keys, long k_head, long v_head, long v_row, float scale, float cap) {             \
-        _Pragma("omp parallel for collapse(2) schedule(static)")                                             \
-        for (long t = 0; t < steps; t++)                                                                     \
-            for (long kv = 0; kv < n_kv; kv++) {                                                             \
-                float *p = malloc(sizeof(float) * (keys + d)), *qf = p + keys; /* scores, a query in f32 */  \
-                if (!p) abort();                                                                             \
-                for (long j = 0; j < g; j++) {                                                               \
-                    const T *qr = q + ((t * n_kv + kv) * g + j) * d, *kh = k + kv * k_head;                  \
-                    for (long i = 0; i < d; i++) qf[i] = LD(qr, i);                                          \
-                    for (long s0 = 0; s0 < keys; s0 += 8) /* q . k for keys s0 .. s0 + 7 */                  \
-                        DOTS8(qf, kh + s0 * d, d, keys - s0 < 8 ? keys - s0 : 8, d, p + s0);                 \
-                    float top = -INFINITY;                                                                   \
-                    for (long s = 0; s < keys; s++) {                                                        \
-                        float x = p[s] * scale;                                                              \
-                        if (cap > 0.0f) x = tanhf(x / cap) * cap;                                            \
-                        if (!mask[t * keys + s]) x = -3.40282347e38f;                                        \
-                        p[s] = x;                                                                            \
-                        top = x > top ? x : top;                                                             \
-                    }                                                                                        \
-                    softmax_tail(p, keys, top);                                                              \
-                    const T *vh = v + kv * v_head;                                                           \
-                    T *o = out + ((t * n_kv + kv) * g + j) * d;                                              \
-                    for (long i0 = 0; i0 < d; i0 += 8) { /* p . v for value rows i0 .. i0 + 7 */             \
-                        long n = d - i0 < 8 ? d - i0 : 8;                                                    \
-                        float sums[8];                                                                       \
-                        DOTS8(p, vh + i0 * v_row, v_row, n, keys, sums);                                     \
-                        for (long u = 0; u < n; u++) ST(o, i0 + u, sums[u]);                                 \
-                    }                                                                                        \
-                }                                                                                            \
-                free(p);                                                                                     \
-            }                                                                                                \
+        _Pragma("omp parallel for schedule(static)")                                                         \
+        for (long item = 0; item < steps * n_kv; item++)                                                     \
+            NAME##_item(q, k, v, mask, out, item, n_kv, g, d, keys, keys, k_head, v_head, v_row, scale, cap); \
     }
 DEFINE_ATTEND(attend_f32, float, ld_f32, dots8_f32, st_f32)
 DEFINE_ATTEND(attend_bf16, uint16_t, ld_bf16, dots8_bf16, st_bf16)

@@ -2,20 +2,12 @@
 // (kernels/cpu/jax_gemv.py registers them). x [m, in] float32, W [out, in] ("rows") or [in, out] ("cols") in
 // float32 or bfloat16, y [m, out] float32; jax_gemv.py checks every shape before the call and rounds y.
 //
-// The parts of a product run on XLA's own intra-op thread pool (Share), not on an OpenMP team: a second set of
-// threads beside XLA's, on a machine with as many cores as XLA has threads, streamed a decode step's chain of
-// products slower than XLA's own dot (docs/benchmarks.md).
-#include <immintrin.h>
-
+// The parts of a product run on XLA's own intra-op thread pool (Share, xla_pool.h says why).
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
+#include "xla_pool.h"
 
 extern "C" {
 void gemv_rows_f32_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out,
@@ -29,30 +21,6 @@ void gemv_cols_bf16_part(const float *x, const uint16_t *w, float *partials, lon
 void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long m, long in, long out, long part,
                            long parts);
 long gemv_cols_chunks(long in);
-}
-
-// f(item) for every item in [0, items), shared between this thread and `helpers` tasks on XLA's pool: each takes
-// the next unclaimed item until none is left, so the caller does the work alone when the pool is busy (XLA runs
-// independent thunks, q/k/v of one layer, concurrently) instead of waiting for a task that has not started. The
-// state lives as long as the last task holding it: a task that starts after the call returned finds no item.
-struct Work {
-    std::atomic<long> next{0}, done{0};
-    long items = 0;
-};
-
-template <typename F>
-static void Share(ffi::ThreadPool &pool, long helpers, long items, F f) {
-    auto work = std::make_shared<Work>();
-    work->items = items;
-    auto take = [work, f] {
-        for (long i; (i = work->next.fetch_add(1, std::memory_order_relaxed)) < work->items;) {
-            f(i);
-            work->done.fetch_add(1, std::memory_order_release);
-        }
-    };
-    for (long h = 0; h < helpers && h + 1 < items; h++) pool.Schedule(decltype(take)(take));  // a copy each
-    take();
-    while (work->done.load(std::memory_order_acquire) < items) _mm_pause();
 }
 
 template <ffi::DataType W, bool kRows>

@@ -1,0 +1,68 @@
+// XLA FFI handler for decode_ops.c's attention over a KV cache, so that a jitted JAX decode step calls it as a
+// custom call (kernels/cpu/jax_decode_ops.py registers it and checks every shape before the call).
+//
+// q [B, T, n_kv, g, d], k [B, n_kv, S, d], v [B, n_kv, d, S] (jax_impl/kv_cache.py's buffers, read in place),
+// mask [B, T, S] bool, keys: an int32 scalar, the slots written so far (the cache's length after this step's
+// write) -> out [B, T, n_kv, g, d] in q's dtype. Only slots [0, min(keys, S)) are read: the cache is a
+// preallocated buffer of S slots of which a decode step has filled `keys`, and a step that attended over all S
+// (the unwritten ones masked) read the whole buffer every step. Every (batch row, step, kv head) is one item of
+// attend_NAME_item, run on XLA's intra-op thread pool (Share, xla_pool.h).
+#include <algorithm>
+#include <cstdint>
+
+#include "xla_pool.h"
+
+extern "C" {
+void attend_f32_item(const float *q, const float *k, const float *v, const uint8_t *mask, float *out, long item,
+                     long n_kv, long g, long d, long keys, long mask_row, long k_head, long v_head, long v_row,
+                     float scale, float cap);
+void attend_bf16_item(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask, uint16_t *out,
+                      long item, long n_kv, long g, long d, long keys, long mask_row, long k_head, long v_head,
+                      long v_row, float scale, float cap);
+}
+
+template <ffi::DataType T>
+static ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<T, 5> q, ffi::Buffer<T, 4> k, ffi::Buffer<T, 4> v,
+                         ffi::Buffer<ffi::PRED, 3> mask, ffi::Buffer<ffi::S32, 0> keys, ffi::ResultBuffer<T, 5> out,
+                         float scale, float cap) {
+    const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = mask.dimensions();
+    const long b = qd[0], t = qd[1], n_kv = qd[2], g = qd[3], d = qd[4], s = kd[2];
+    if (kd[0] != b || kd[1] != n_kv || kd[3] != d || vd[0] != b || vd[1] != n_kv || vd[2] != d || vd[3] != s ||
+        md[0] != b || md[1] != t || md[2] != s ||
+        !std::equal(qd.begin(), qd.end(), out->dimensions().begin())) {
+        return ffi::Error::InvalidArgument("decoder_parity attend: operand shapes do not agree");
+    }
+    const long read = std::clamp<long>(*keys.typed_data(), 0, s);  // slots past the written ones are never read
+    const long items = t * n_kv, q_row = t * n_kv * g * d;        // per batch row
+    const auto *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
+    const auto *mp = reinterpret_cast<const uint8_t *>(mask.typed_data());
+    auto *op = out->typed_data();
+    const long helpers = std::max<int64_t>(0, pool.num_threads() - 1);
+    Share(pool, helpers, b * items, [=](long i) {
+        const long r = i / items;  // the batch row
+        const auto *qr = qp + r * q_row, *kr = kp + r * n_kv * s * d, *vr = vp + r * n_kv * d * s;
+        const uint8_t *mr = mp + r * t * s;
+        auto *orow = op + r * q_row;
+        if constexpr (T == ffi::F32) {
+            attend_f32_item(qr, kr, vr, mr, orow, i % items, n_kv, g, d, read, s, s * d, d * s, s, scale, cap);
+        } else {
+            attend_bf16_item(qr, kr, vr, mr, orow, i % items, n_kv, g, d, read, s, s * d, d * s, s, scale, cap);
+        }
+    });
+    return ffi::Error::Success();
+}
+
+#define BIND(T)                                                                                                 \
+    ffi::Ffi::Bind()                                                                                            \
+        .Ctx<ffi::ThreadPool>()                                                                                 \
+        .Arg<ffi::Buffer<T, 5>>()                                                                               \
+        .Arg<ffi::Buffer<T, 4>>()                                                                               \
+        .Arg<ffi::Buffer<T, 4>>()                                                                               \
+        .Arg<ffi::Buffer<ffi::PRED, 3>>()                                                                       \
+        .Arg<ffi::Buffer<ffi::S32, 0>>()                                                                        \
+        .Ret<ffi::Buffer<T, 5>>()                                                                               \
+        .Attr<float>("scale")                                                                                   \
+        .Attr<float>("cap")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttendF32, Attend<ffi::F32>, BIND(ffi::F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AttendBF16, Attend<ffi::BF16>, BIND(ffi::BF16));

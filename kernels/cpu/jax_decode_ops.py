@@ -1,0 +1,140 @@
+"""JAX launcher of a decode step's attention over the KV cache (kernels/cpu/decode_ops.c, bound to XLA by
+decode_ops_ffi.cc): `attend(q, k, v, mask, scale, softcap, keys)`, the twin of torch_decode_ops.attend.
+
+The reference (jax_impl/attention.py's `attend`) attends over every slot of the preallocated cache, the unwritten
+ones zeroed and masked, so a decode step reads the whole buffer, and XLA:CPU runs its two small batched products
+and the zeroing as separate passes over it, each layer. This call reads the keys and values of the slots written
+so far (`keys`, the cache's length after the step's write) once, in place, with the same arithmetic as the
+reference (scores, softmax and the weighted sum in float32, one rounding; tests/kernels/test_jax_decode_ops.py
+holds it to the kernel tolerance table's "attention" rows). A custom call inside the jitted step
+(jax.ffi.ffi_call); not differentiable: jax_impl takes it only in generation's decode steps.
+
+`takes` is the rule, as torch_decode_ops' is: inside `decode_steps()` (jax_impl/generate.py enters it while it
+traces its decode step) and not `reference_only()`, one token per row, at most MAX_ROWS rows, float32 or bfloat16
+operands of one dtype, the CPU backend with no mesh, the kernel built. Both flags are read while tracing: a
+compiled step keeps what it was traced with, so generate keys its compiled steps on `enabled()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels.cpu import build
+
+MAX_ROWS = 8  # the most batch rows of a decode step that take the kernel (torch_decode_ops.MAX_ROWS)
+_TARGETS = {"float32": "AttendF32", "bfloat16": "AttendBF16"}
+_DECODING = contextvars.ContextVar("jax_decode_ops.decoding", default=False)
+_OFF = contextvars.ContextVar("jax_decode_ops.off", default=False)
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernel is built and registered with XLA here (kernels.cpu.build.unavailable("decode_ops_xla"):
+    why not). Registration happens once per process."""
+    lib = build.load("decode_ops_xla", (jax.ffi.include_dir(),))
+    if lib is None:
+        return False
+    for symbol in _TARGETS.values():
+        jax.ffi.register_ffi_target(_target(symbol), jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    return True
+
+
+def _target(symbol: str) -> str:
+    return f"decoder_parity_{symbol}"
+
+
+@contextlib.contextmanager
+def decode_steps() -> Iterator[None]:
+    """Within the block (this thread, while tracing) the layers may take the kernel: jax_impl/generate.py enters it
+    around its decode step only, so no other forward (a prompt, a parity trace, training) changes what it computes."""
+    token = _DECODING.set(True)
+    try:
+        yield
+    finally:
+        _DECODING.reset(token)
+
+
+@contextlib.contextmanager
+def reference_only() -> Iterator[None]:
+    """Within the block every layer keeps the reference, decode steps included (this thread): side-by-side runs."""
+    token = _OFF.set(True)
+    try:
+        yield
+    finally:
+        _OFF.reset(token)
+
+
+def enabled() -> bool:
+    """Whether `reference_only()` leaves the kernel allowed here: part of a compiled decode step's key."""
+    return not _OFF.get()
+
+
+def takes(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
+    """Whether a layer attends with the kernel: q [B, 1, n_kv, g, d] with 0 < B <= MAX_ROWS inside `decode_steps()`
+    and not `reference_only()`, k and v of q's dtype (float32 or bfloat16), the CPU backend with no mesh (under
+    one the partitioner owns the layout), the kernel built."""
+    dtype = jnp.dtype(q.dtype)
+    return (
+        _DECODING.get()
+        and not _OFF.get()
+        and dtype.name in _TARGETS
+        and k.dtype == dtype
+        and v.dtype == dtype
+        and q.ndim == 5
+        and q.shape[1] == 1
+        and 0 < q.shape[0] <= MAX_ROWS
+        and jax.default_backend() == "cpu"
+        and jax.sharding.get_abstract_mesh().empty
+        and available()
+    )
+
+
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array,
+    scale: float,
+    softcap: float | None = None,
+    keys: jax.Array | int | None = None,
+) -> jax.Array:
+    """jax_impl.attention.attend's result over the first `keys` slots (None: all S): q [B, T, n_kv, g, d] (grouped),
+    k [B, n_kv, S, d], v [B, n_kv, d, S], mask [B, T, S] bool (True = may attend) -> [B, T, n_kv, g, d] in q's
+    dtype. Slots at or past `keys` are never read (they may hold anything); a query with no allowed slot among the
+    first `keys` gets their plain mean, as the reference does for a fully masked row over the slots it is given.
+    A ValueError names the operands that do not fit."""
+    b, t, n_kv, g, d = q.shape if q.ndim == 5 else (None,) * 5
+    s = k.shape[2] if k.ndim == 4 else None
+    dtype = jnp.dtype(q.dtype)
+    if not (
+        q.ndim == 5
+        and k.shape == (b, n_kv, s, d)
+        and v.shape == (b, n_kv, d, s)
+        and mask.shape == (b, t, s)
+        and mask.dtype == jnp.bool_
+        and dtype.name in _TARGETS
+        and k.dtype == dtype
+        and v.dtype == dtype
+    ):
+        got = f"q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape} {v.dtype}, mask {mask.shape} {mask.dtype}"
+        raise ValueError(
+            "kernels.cpu attend: needs q [B, T, n_kv, g, d], k [B, n_kv, S, d], v [B, n_kv, d, S] of one dtype "
+            f"(float32 or bfloat16) and mask [B, T, S] bool; got {got}"
+        )
+    if not (jax.default_backend() == "cpu" and available()):
+        raise ValueError(
+            f"kernels.cpu attend: runs on the CPU backend with the kernel built (backend {jax.default_backend()}; "
+            f"{build.unavailable('decode_ops_xla') or 'built'})"
+        )
+    call = jax.ffi.ffi_call(
+        _target(_TARGETS[dtype.name]), jax.ShapeDtypeStruct(q.shape, dtype), vmap_method="sequential"
+    )
+    keys = jnp.asarray(s if keys is None else keys, jnp.int32)  # [] int32: the slots read
+    return call(q, k, v, mask, keys, scale=np.float32(scale), cap=np.float32(softcap or 0.0))

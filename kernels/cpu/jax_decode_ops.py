@@ -18,7 +18,6 @@ compiled step keeps what it was traced with, so generate keys its compiled steps
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 from collections.abc import Iterator
 
@@ -27,11 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels.cpu import build
+from kernels.cpu.switch import Switch
 
 MAX_ROWS = 8  # the most batch rows of a decode step that take the kernel (torch_decode_ops.MAX_ROWS)
 _TARGETS = {"float32": "AttendF32", "bfloat16": "AttendBF16"}
-_DECODING = contextvars.ContextVar("jax_decode_ops.decoding", default=False)
-_OFF = contextvars.ContextVar("jax_decode_ops.off", default=False)
+_DECODING = Switch("jax_decode_ops.decoding")
+_OFF = Switch("jax_decode_ops.off")
 
 
 @functools.cache
@@ -54,21 +54,15 @@ def _target(symbol: str) -> str:
 def decode_steps() -> Iterator[None]:
     """Within the block (this thread, while tracing) the layers may take the kernel: jax_impl/generate.py enters it
     around its decode step only, so no other forward (a prompt, a parity trace, training) changes what it computes."""
-    token = _DECODING.set(True)
-    try:
+    with _DECODING.on():
         yield
-    finally:
-        _DECODING.reset(token)
 
 
 @contextlib.contextmanager
 def reference_only() -> Iterator[None]:
     """Within the block every layer keeps the reference, decode steps included (this thread): side-by-side runs."""
-    token = _OFF.set(True)
-    try:
+    with _OFF.on():
         yield
-    finally:
-        _OFF.reset(token)
 
 
 def enabled() -> bool:

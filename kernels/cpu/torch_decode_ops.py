@@ -17,7 +17,6 @@ and the FLOP counts see is unchanged. Called through ctypes on the tensors' memo
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import ctypes
 import functools
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from collections.abc import Iterator
 import torch
 
 from kernels.cpu import build
+from kernels.cpu.switch import Switch
 from kernels.triton.reference import check_add_rms_norm_args, check_silu_and_mul_args
 
 MAX_ROWS = 8  # the most batch rows of a decode step the layers take these for (a larger batch: the reference)
@@ -36,8 +36,8 @@ _SIGNATURES = {
     "silu_and_mul": [_P, _P, _L, _L],
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
-_DECODING = contextvars.ContextVar("torch_decode_ops.decoding", default=False)
-_OFF = contextvars.ContextVar("torch_decode_ops.off", default=False)
+_DECODING = Switch("torch_decode_ops.decoding")
+_OFF = Switch("torch_decode_ops.off")
 
 
 @functools.cache
@@ -64,22 +64,16 @@ def decode_steps() -> Iterator[None]:
     """Within the block (this thread) the layers may take these operators: torch_impl/generate.py enters it for its
     decode steps only, so that no other forward -- a prompt, a parity trace or mutant of one token, training --
     changes what it computes with."""
-    token = _DECODING.set(True)
-    try:
+    with _DECODING.on():
         yield
-    finally:
-        _DECODING.reset(token)
 
 
 @contextlib.contextmanager
 def reference_only() -> Iterator[None]:
     """Within the block the layers keep the reference everywhere, decode steps included (this thread): the
     benchmark's and the tests' side-by-side runs."""
-    token = _OFF.set(True)
-    try:
+    with _OFF.on():
         yield
-    finally:
-        _OFF.reset(token)
 
 
 def takes(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:

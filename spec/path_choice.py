@@ -6,9 +6,8 @@ own CPU kernel. Each computes the same product up to the order of a float32 sum,
 processor and its libraries (docs/benchmarks.md records an AMD EPYC and an Intel Xeon ranking them in opposite
 orders). So no backend fixes a preference: at the first product of a given key (shape and dtype) it asks its
 `PathChoice`, which times the candidates on operands of that shape in rounds, each candidate once per round, taken
-in turn so that a drift in the machine's speed hits every candidate of a round alike (one that is several times
-slower in the first round is not timed again), keeps the fastest for the rest of the process and records what
-measuring cost.
+in turn so that a drift in the machine's speed hits every candidate of a round alike (after the first round only
+those that can still be taken), keeps the fastest for the rest of the process and records what measuring cost.
 
 The first candidate in `paths` order (the default) stays unless another beats it by `margin` in every round that
 timed both: a slow spell during one of the default's passes, which on a shared VM can cost it 20-40% of one pass,
@@ -52,9 +51,9 @@ class PathChoice:
         prune: float = 2.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        """`repeats` rounds of one timed pass per candidate after a warm-up, but one round for those `prune` times
-        slower than the fastest in the first; `margin` the fraction by which a candidate must beat the default in
-        each round; `clock` is the timer (tests pass a fake one)."""
+        """`repeats` rounds of one timed pass per candidate after a warm-up, but one round for those that did not
+        beat the default by `margin` in the first (all of them, when none did) and for a default `prune` times
+        slower than the fastest; `clock` is the timer (tests pass a fake one)."""
         self.name, self.paths, self.repeats, self.margin, self.clock = name, paths, repeats, margin, clock
         self.prune = prune
         self._chosen: dict[Hashable, Choice] = {}
@@ -115,14 +114,18 @@ class PathChoice:
         for run in runs.values():
             run()  # warm-up: set-up, compilation, first touch
         rounds = {name: [self._time(run)] for name, run in runs.items()}  # seconds per round
-        first = min(times[0] for times in rounds.values())
-        # A candidate `prune` times slower than the fastest in the first round cannot win on noise: not timed again.
-        live = {name: run for name, run in runs.items() if rounds[name][0] <= self.prune * first}
-        for _ in range(self.repeats - 1):
+        default = next(p for p in self.paths if p in runs)
+        # Timed again: the candidates that beat the default by the margin in the first round (no other can be taken),
+        # and the default while there are any, unless it was `prune` times slower than the fastest (it cannot win
+        # on noise; the first round decides).
+        bar, first = (1 - self.margin) * rounds[default][0], min(times[0] for times in rounds.values())
+        live = {name: run for name, run in runs.items() if rounds[name][0] < bar}
+        if live and rounds[default][0] <= self.prune * first:
+            live = {default: runs[default], **live}
+        for _ in range(self.repeats - 1 if live else 0):
             for name, run in live.items():  # in turn: a slow spell hits every candidate of the round alike
                 rounds[name].append(self._time(run))
         best = {name: min(times) for name, times in rounds.items()}
-        default = next(p for p in self.paths if p in runs)
         fastest = min(best, key=best.__getitem__)
         paired = zip(rounds[fastest], rounds[default], strict=False)  # the rounds that timed both (pruned: the first)
         path = fastest if all(f < (1 - self.margin) * d for f, d in paired) else default

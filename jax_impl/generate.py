@@ -116,12 +116,14 @@ def _step_functions(
 def compiled_steps(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams) -> tuple[Callable, Callable]:
     """The jit-compiled (prefill, decode_step): one per model structure, sampling setup and `step_functions`'
     kernel setting, each compiling once per request shape (batch, prompt length, cache length)."""
-    return _compiled_steps(step_functions(graphdef, treedef, params))
+    return _compiled_steps(graphdef, treedef, params, jax_decode_ops.enabled())
 
 
 @lru_cache(maxsize=16)
-def _compiled_steps(steps: tuple[Callable, Callable]) -> tuple[Callable, Callable]:
-    prefill, decode_step = steps
+def _compiled_steps(
+    graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams, kernels: bool
+) -> tuple[Callable, Callable]:
+    prefill, decode_step = _step_functions(graphdef, treedef, params, kernels)
     return jax.jit(prefill, **DONATE_CACHE), jax.jit(decode_step, **DONATE_CACHE)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -50,19 +49,15 @@ def _target(symbol: str) -> str:
     return f"decoder_parity_{symbol}"
 
 
-@contextlib.contextmanager
-def decode_steps() -> Iterator[None]:
+def decode_steps() -> contextlib.AbstractContextManager[None]:
     """Within the block (this thread, while tracing) the layers may take the kernel: jax_impl/generate.py enters it
     around its decode step only, so no other forward (a prompt, a parity trace, training) changes what it computes."""
-    with _DECODING.on():
-        yield
+    return _DECODING.on()
 
 
-@contextlib.contextmanager
-def reference_only() -> Iterator[None]:
+def reference_only() -> contextlib.AbstractContextManager[None]:
     """Within the block every layer keeps the reference, decode steps included (this thread): side-by-side runs."""
-    with _OFF.on():
-        yield
+    return _OFF.on()
 
 
 def enabled() -> bool:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-from collections.abc import Iterator
 
 import torch
 
@@ -59,21 +58,17 @@ def available() -> bool:
     return _functions() is not None
 
 
-@contextlib.contextmanager
-def decode_steps() -> Iterator[None]:
+def decode_steps() -> contextlib.AbstractContextManager[None]:
     """Within the block (this thread) the layers may take these operators: torch_impl/generate.py enters it for its
     decode steps only, so that no other forward -- a prompt, a parity trace or mutant of one token, training --
     changes what it computes with."""
-    with _DECODING.on():
-        yield
+    return _DECODING.on()
 
 
-@contextlib.contextmanager
-def reference_only() -> Iterator[None]:
+def reference_only() -> contextlib.AbstractContextManager[None]:
     """Within the block the layers keep the reference everywhere, decode steps included (this thread): the
     benchmark's and the tests' side-by-side runs."""
-    with _OFF.on():
-        yield
+    return _OFF.on()
 
 
 def takes(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:

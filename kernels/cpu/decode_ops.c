@@ -146,11 +146,15 @@ DEFINE_ROTARY(rotary_bf16, uint16_t, ld_bf16, st_bf16)
 /* out[u] = sum_i a[i] * row_u[i] (i < len) for the n <= 8 rows row_u = first + u * stride: summed in 8 lanes, then
  * across them (sums8), then the tail. Eight rows at a time, so that eight independent sums fill the pipeline
  * instead of one waiting on itself; a block short of eight repeats its last row (those sums are dropped), so the
- * loop over the rows has a fixed count and the accumulators stay in registers. */
+ * loop over the rows has a fixed count and the accumulators stay in registers. A prefetch never faults, so the
+ * rows fetched ahead may run past the operand's end. */
 #define DEFINE_DOTS8(NAME, T, LD, LD8)                                                                        \
     static inline void NAME(const float *a, const T *first, long stride, long n, long len, float *out) {     \
         const T *row[8];                                                                                     \
         for (long u = 0; u < 8; u++) row[u] = first + (u < n ? u : n - 1) * stride;                          \
+        for (long u = 0; u < 8; u++) /* rows four blocks on, fetched while this block is summed: the */      \
+            for (long b = 0; b < len * (long)sizeof(T); b += 64) /* cache's own prefetch misses them */      \
+                _mm_prefetch((const char *)(first + (32 + u) * stride) + b, _MM_HINT_T0);                    \
         __m256 acc[8];                                                                                       \
         for (long u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();                                           \
         long vec = len / 8 * 8;                                                                              \
@@ -200,36 +204,40 @@ static void softmax_tail(float *p, long n, float top) {
  * mask_row (nonzero: may attend) -> out [T, n_kv, g, d]. scores = (q . k) * scale, softcap (cap > 0): cap *
  * tanh(scores / cap), masked scores the float32 minimum; softmax as torch's (exp(x - max) / sum); out = rnd(sum_s
  * p[s] * v[:, s]). Both products are DOTS8's: eight keys, then eight value rows, at a time, with fused
- * multiply-adds. NAME_item computes one (step, kv head), item = t * n_kv + kv, alone: NAME runs every item of a
- * batch row on the OpenMP team (torch's own, as for gemv.c), decode_ops_ffi.cc on XLA's thread pool; a long cache
- * is read on every core the libraries would use, and no sum's order depends on which thread took an item. */
+ * multiply-adds; each block of keys, and of value rows, serves every query of the group while it is in the L1
+ * cache (the cache is read once per kv head, not once per query head). NAME_item computes one (step, kv head),
+ * item = t * n_kv + kv, alone: NAME runs every item of a batch row on the OpenMP team (torch's own, as for
+ * gemv.c), decode_ops_ffi.cc on XLA's thread pool; a long cache is read on every core the libraries would use,
+ * and no sum's order depends on which thread took an item. */
 #define DEFINE_ATTEND(NAME, T, LD, DOTS8, ST)                                                                 \
     void NAME##_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item, long n_kv,      \
                      long g, long d, long keys, long mask_row, long k_head, long v_head, long v_row, float scale, \
                      float cap) {                                                                            \
         const long t = item / n_kv, kv = item % n_kv;                                                        \
-        float *p = malloc(sizeof(float) * (keys + d)), *qf = p + keys; /* scores, a query in f32 */          \
+        const T *kh = k + kv * k_head, *vh = v + kv * v_head;                                                \
+        float *p = malloc(sizeof(float) * g * (keys + d)), *qf = p + g * keys; /* scores, queries in f32 */  \
         if (!p) abort();                                                                                     \
+        for (long j = 0; j < g * d; j++) qf[j] = LD(q + (t * n_kv + kv) * g * d, j);                        \
+        for (long s0 = 0; s0 < keys; s0 += 8) /* q . k for keys s0 .. s0 + 7, every query of the group */   \
+            for (long j = 0; j < g; j++)      /* while those keys are in L1 */                              \
+                DOTS8(qf + j * d, kh + s0 * d, d, keys - s0 < 8 ? keys - s0 : 8, d, p + j * keys + s0);      \
         for (long j = 0; j < g; j++) {                                                                       \
-            const T *qr = q + ((t * n_kv + kv) * g + j) * d, *kh = k + kv * k_head;                          \
-            for (long i = 0; i < d; i++) qf[i] = LD(qr, i);                                                  \
-            for (long s0 = 0; s0 < keys; s0 += 8) /* q . k for keys s0 .. s0 + 7 */                          \
-                DOTS8(qf, kh + s0 * d, d, keys - s0 < 8 ? keys - s0 : 8, d, p + s0);                         \
-            float top = -INFINITY;                                                                           \
+            float *pj = p + j * keys, top = -INFINITY;                                                       \
             for (long s = 0; s < keys; s++) {                                                                \
-                float x = p[s] * scale;                                                                      \
+                float x = pj[s] * scale;                                                                     \
                 if (cap > 0.0f) x = tanhf(x / cap) * cap;                                                    \
                 if (!mask[t * mask_row + s]) x = -3.40282347e38f;                                            \
-                p[s] = x;                                                                                    \
+                pj[s] = x;                                                                                   \
                 top = x > top ? x : top;                                                                     \
             }                                                                                                \
-            softmax_tail(p, keys, top);                                                                      \
-            const T *vh = v + kv * v_head;                                                                   \
-            T *o = out + ((t * n_kv + kv) * g + j) * d;                                                      \
-            for (long i0 = 0; i0 < d; i0 += 8) { /* p . v for value rows i0 .. i0 + 7 */                     \
-                long n = d - i0 < 8 ? d - i0 : 8;                                                            \
+            softmax_tail(pj, keys, top);                                                                     \
+        }                                                                                                    \
+        for (long i0 = 0; i0 < d; i0 += 8) { /* p . v for value rows i0 .. i0 + 7, every query of the group */ \
+            long n = d - i0 < 8 ? d - i0 : 8;                                                                \
+            for (long j = 0; j < g; j++) {                                                                   \
                 float sums[8];                                                                               \
-                DOTS8(p, vh + i0 * v_row, v_row, n, keys, sums);                                             \
+                T *o = out + ((t * n_kv + kv) * g + j) * d;                                                  \
+                DOTS8(p + j * keys, vh + i0 * v_row, v_row, n, keys, sums);                                  \
                 for (long u = 0; u < n; u++) ST(o, i0 + u, sums[u]);                                         \
             }                                                                                                \
         }                                                                                                    \

@@ -20,20 +20,29 @@ process, both set before any worker starts so the xdist workers and the processe
 
 - one persistent compilation cache per test run (a temporary directory, removed at the end): a program
   another test or worker already compiled is read back instead of compiled again (-12% on that subset);
-- XLA's backend (LLVM) optimization level 0: compiles faster, runs slower, and the test models are tiny
-  (-37%). It changes float32 results at the last-ulp level (default checkpoint: logits and gradients within
-  1e-6 relative of the default build's; bfloat16 logits bit-identical), inside every bound the tests use,
-  which are reviewed for the reorderings of correct code. What users run is the default level: the
-  fresh-interpreter tests (tests/parity/test_tensor_parallel.py, tests/parity/test_cli.py's
-  default-compilation check) drop XLA_FLAGS and run the whole check at it.
+- XLA's backend (LLVM) optimization level 0 (-37%), and XLA:CPU's older loop emitters for its fusions in place of
+  the fusion emitters (`--xla_cpu_use_fusion_emitters=false`: the default checkpoint's forward compiled in
+  0.23-0.25 s against 0.50-0.56 s, its gradient in 0.46-0.60 s against 1.15-1.24 s; tests/jax_impl/
+  test_window_cache.py on one core 43 s against 70 s; AMD EPYC, 2026-12-03): both compile faster and run
+  slower, and the test models are tiny. They change float32 results at the last-ulp level (default
+  checkpoint: logits and gradients within 1e-6 relative of the default build's; bfloat16 logits
+  bit-identical), inside every bound the tests use, which are reviewed for the reorderings of correct code.
+  What users run is the default compiler: the fresh-interpreter tests (tests/parity/test_tensor_parallel.py,
+  tests/parity/test_cli.py's default-compilation check) drop XLA_FLAGS and run the whole check with it. XLA
+  aborts the process on a flag its build does not know, so the emitter flag is added only where a child
+  process shows this jaxlib takes it (`_xla_takes`: a jax release may drop it; the optimization level is
+  long-standing).
 
-Each is a default only: a JAX_COMPILATION_CACHE_DIR or an optimization level in XLA_FLAGS from the user wins.
+Each is a default only: a JAX_COMPILATION_CACHE_DIR or an optimization level in XLA_FLAGS from the user wins
+(with their own level, the emitter flag is left to them too).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -59,6 +68,16 @@ def _selects_only_gpu_tests(config: pytest.Config) -> bool:
 
 
 XLA_OPT_FLAG = "--xla_backend_optimization_level"
+XLA_EMITTER_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+def default_compiler_flags(flags: str) -> str:
+    """XLA_FLAGS without this module's compile-time settings: for a child process whose test claims something of
+    the compiler users run."""
+    ours = (XLA_OPT_FLAG, XLA_EMITTER_FLAG.partition("=")[0])
+    return " ".join(f for f in flags.split() if not f.startswith(ours))
+
+
 OWN_CACHE = pytest.StashKey[str]()  # the compilation cache directory this process made, removed when it ends
 
 
@@ -72,8 +91,16 @@ def _compile_faster(config: pytest.Config) -> None:
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # small programs are the many
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     flags = os.environ.get("XLA_FLAGS", "")
-    if XLA_OPT_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {XLA_OPT_FLAG}=0".strip()
+    if XLA_OPT_FLAG not in flags:  # the controller; a worker inherits what it set
+        emitters = XLA_EMITTER_FLAG if _xla_takes(XLA_EMITTER_FLAG) else ""
+        os.environ["XLA_FLAGS"] = f"{flags} {XLA_OPT_FLAG}=0 {emitters}".strip()
+
+
+def _xla_takes(flag: str) -> bool:
+    """Whether this jaxlib starts with `flag` in XLA_FLAGS (it aborts the process on a flag it does not know)."""
+    env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
+    probe = [sys.executable, "-c", "import jax; jax.devices()"]
+    return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
 
 
 def _share_cores(config: pytest.Config) -> None:

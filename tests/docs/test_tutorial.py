@@ -537,6 +537,7 @@ def _run_tutorial(path: Path, cache_dir: str, sections: set[int] | None = None) 
     }
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.json"
+        env["TMPDIR"] = tmp  # the tutorial's scratch checkpoints (tempfile.mkdtemp) go with this directory
         proc = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--json", str(out), str(path)]
             + ([f"--sections={','.join(map(str, sorted(sections)))}"] if sections is not None else []),

@@ -11,7 +11,7 @@
 #   2. benchmarks/kernels.py at bfloat16, width 4096, 4096 and 16384 tokens: each kernel's bandwidth as a
 #      fraction of the measured device-to-device copy, beside the plain framework ops it replaces, and the
 #      floors (>= 85% of copy, >= 1.3x the plain ops);
-# then writes one JSON (benchmarks/kernels.py::check_report says what is in it) and prints the figures and
+# then writes one JSON (benchmarks/gpu_report.py::check_report says what is in it) and prints the figures and
 # the floors; the steps' own reports and logs stay in OUT.files/ beside it. Exit status: 0 when every gpu test
 # passed (none skipped) and every floor holds, 1 otherwise (the JSON is written either way), 2 when there is no
 # GPU: then it refuses before running anything.
@@ -100,7 +100,7 @@ timeout --signal=INT --kill-after=30 "$bench_budget" "$python" benchmarks/kernel
 bench_status=${PIPESTATUS[0]}
 
 # 4. One JSON, the figures and the floors printed, the verdict as the exit status.
-"$python" -c 'import sys; from benchmarks.kernels import report_main; sys.exit(report_main(sys.argv[1:]))' \
+"$python" -c 'import sys; from benchmarks.gpu_report import report_main; sys.exit(report_main(sys.argv[1:]))' \
     --tests-xml "$work/tests.xml" --tests-status "$tests_status" \
     --kernels-json "$work/kernels.json" --kernels-status "$bench_status" \
     --gpus "$gpus" --seconds "$(( $(date +%s) - start ))" --budget-seconds "$BUDGET_S" --out "$out_json"

@@ -1,8 +1,8 @@
 """benchmarks/gpu_check.sh and its report, on the CPU (these tests are not marked `gpu`: they run everywhere).
 
 Without a GPU the script must refuse before running anything: a message that says why and what to run
-instead, exit status 2, no JSON. Its report (benchmarks/kernels.py::check_report) and the floors
-(benchmarks/kernels.py::evaluate_floors) are plain Python over the figures, checked here on made-up ones.
+instead, exit status 2, no JSON. Its report (benchmarks/gpu_report.py::check_report) and the floors
+(benchmarks/kernel_figures.py::evaluate_floors) are plain Python over the figures, checked here on made-up ones.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.kernels import _record, check_report, evaluate_floors, report_main
+from benchmarks.gpu_report import check_report, report_main
+from benchmarks.kernel_figures import evaluate_floors, record_of, save
 
 ROOT = Path(__file__).resolve().parents[2]
 COPY_GBPS = 4000.0
@@ -58,7 +59,7 @@ def _result(framework: str, kernel: str, tokens: int, width: int, fused_of_copy:
     fused = nbytes / (fused_of_copy * COPY_GBPS * 1e9)  # seconds per call
     seconds = {"fused": fused, "plain": fused * vs_plain, "compiled": fused * 1.05}
     case = {"framework": framework, "kernel": kernel, "dtype": "bfloat16", "tokens": tokens, "width": width}
-    return case | _record(seconds, nbytes, COPY_GBPS, None)
+    return case | record_of(seconds, nbytes, COPY_GBPS, None)
 
 
 def test_floors_apply_to_their_shape_only() -> None:
@@ -151,12 +152,12 @@ def test_an_interrupted_benchmark_writes_what_it_measured(tmp_path: Path, monkey
 
     def one_shape_then_interrupted(args, out) -> None:
         out["results"].append(_result("torch", "add_rms_norm", 4096, 4096, 0.9, 2.0))
-        kernels.save(args, out)
+        save(args, out)
         assert json.loads(args.json.read_text())["results"], "saved after the shape, before the interruption"
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(kernels, "_torch_gpu", lambda: True)
-    monkeypatch.setattr(kernels, "_jax_gpu", lambda: False)
+    monkeypatch.setattr(kernels, "torch_gpu", lambda: True)
+    monkeypatch.setattr(kernels, "jax_gpu", lambda: False)
     monkeypatch.setattr(kernels, "bench_torch", one_shape_then_interrupted)
     path = tmp_path / "kernels.json"
     assert kernels.main(["--framework", "torch", "--json", str(path)]) == 0

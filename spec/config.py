@@ -18,17 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from spec.config_checks import SUPPORTED_MODEL_TYPES, check_spec
 from spec.errors import ConfigError
-from spec.families import ACTIVATIONS, FAMILIES, FULL, PADDING_ROW_DEFAULTS, SLIDING, read_structure
+from spec.families import FULL, SLIDING, read_structure
 from spec.hf_config import hf_config
-from spec.json_fields import MAX_SIZE, Fields, is_int, is_number, load_json
+from spec.json_fields import Fields, load_json
 from spec.rope import RopeScaling, rope_inv_freq
-
-SUPPORTED_MODEL_TYPES = FAMILIES
-NORM_TYPES = ("rms", "layer")
-NORM_PLACEMENTS = ("pre", "sandwich", "post")
-HIDDEN_ACTS = tuple(sorted(set(ACTIVATIONS.values())))
-QK_NORM_SCOPES = ("head", "projection")
 
 
 @dataclass(frozen=True)
@@ -84,141 +79,7 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0  # a dense expert every token passes, behind a sigmoid gate (Qwen2-MoE)
 
     def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "max_position_embeddings",
-        ):
-            value = getattr(self, name)
-            if not is_int(value) or not 1 <= value <= MAX_SIZE:
-                raise ConfigError(f"config key {name!r} must be an integer in [1, {MAX_SIZE}], got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention needs it)"
-            )
-        for name in ("rms_norm_eps", "rope_theta"):
-            value = getattr(self, name)
-            if not is_number(value) or value <= 0:
-                raise ConfigError(f"config key {name!r} must be a finite number > 0, got {value!r}")
-        for name in (
-            "tie_word_embeddings",
-            "attention_bias",
-            "qk_norm",
-            "norm_weight_float32",
-            "parallel_residual",
-            "gated_mlp",
-            "mlp_bias",
-            "o_proj_bias",
-            "fused_qkv",
-            "embedding_scale",
-            "norm_topk_prob",
-            "router_weights_float32",
-        ):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"config key {name!r} must be true or false, got {getattr(self, name)!r}")
-        for name, allowed in (
-            ("model_type", SUPPORTED_MODEL_TYPES),
-            ("norm_type", NORM_TYPES),
-            ("norm_placement", NORM_PLACEMENTS),
-            ("hidden_act", HIDDEN_ACTS),
-            ("qk_norm_scope", QK_NORM_SCOPES),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} = {getattr(self, name)!r} is not one of {allowed}")
-        pad = self.pad_token_id
-        if pad is not None and (not is_int(pad) or not 0 <= pad <= MAX_SIZE):
-            raise ConfigError(f"config key 'pad_token_id' must be an integer in [0, {MAX_SIZE}] or null, got {pad!r}")
-        if pad is not None and self.model_type not in PADDING_ROW_DEFAULTS:
-            raise ConfigError(
-                f"pad_token_id = {pad!r} but a {self.model_type} embedding has no padding row (transformers builds "
-                "it without padding_idx)"
-            )
-        self._check_structure()
-        self._check_moe()
-
-    def _check_structure(self) -> None:
-        """Combinations whose math is undefined (or that no formula here covers) are refused by name."""
-        if self.norm_offset not in (0.0, 1.0):
-            raise ConfigError(f"norm_offset = {self.norm_offset!r} must be 0.0 or 1.0 (Gemma's 1 + w)")
-        if self.norm_type == "layer" and (self.norm_offset or self.qk_norm):
-            raise ConfigError("norm_type 'layer' (LayerNorm) has no weight offset and no q/k norm here")
-        if self.parallel_residual and self.norm_placement != "pre":
-            raise ConfigError(f"parallel_residual with norm_placement {self.norm_placement!r} is not defined")
-        if self.fused_qkv and self.qk_norm:
-            raise ConfigError("fused_qkv with a q/k norm is not defined here (no family has both)")
-        if self.fused_qkv and self.num_key_value_heads != self.num_attention_heads:
-            raise ConfigError("fused_qkv (GPT-NeoX's per-head qkv layout) needs num_key_value_heads == num_heads")
-        factor = self.partial_rotary_factor
-        if not is_number(factor) or not 0 < factor <= 1:
-            raise ConfigError(f"config key 'partial_rotary_factor' must be in (0, 1], got {factor!r}")
-        if self.rotary_dim < 2 or self.rotary_dim % 2:
-            raise ConfigError(
-                f"rotary width int(head_dim * partial_rotary_factor) = {self.rotary_dim} must be even and >= 2 "
-                f"(head_dim={self.head_dim}, partial_rotary_factor={factor}) for rotate-half RoPE"
-            )
-        for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "local_rope_theta"):
-            value = getattr(self, name)
-            if value is not None and (not is_number(value) or value <= 0):
-                raise ConfigError(f"config key {name!r} must be a finite number > 0 or null, got {value!r}")
-        if self.layer_types:
-            if len(self.layer_types) != self.num_hidden_layers:
-                raise ConfigError(
-                    f"layer_types has {len(self.layer_types)} entries but num_hidden_layers = {self.num_hidden_layers}"
-                )
-            bad = sorted({t for t in self.layer_types if t not in (FULL, SLIDING)})
-            if bad:
-                raise ConfigError(f"layer_types contains {bad}: only {FULL!r} and {SLIDING!r} are supported")
-        sliding = SLIDING in self.layer_types
-        if sliding != (self.sliding_window is not None):
-            raise ConfigError(
-                f"sliding_window = {self.sliding_window!r} but layer_types has "
-                f"{'a' if sliding else 'no'} sliding_attention layer: give both or neither"
-            )
-        if self.sliding_window is not None and (not is_int(self.sliding_window) or self.sliding_window < 1):
-            raise ConfigError(
-                f"config key 'sliding_window' must be an integer >= 1 or null, got {self.sliding_window!r}"
-            )
-
-    def _check_moe(self) -> None:
-        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"):
-            value = getattr(self, name)
-            if not is_int(value) or not 0 <= value <= MAX_SIZE:
-                raise ConfigError(f"config key {name!r} must be an integer in [0, {MAX_SIZE}], got {value!r}")
-        step = self.decoder_sparse_step
-        if not is_int(step) or not 1 <= step <= MAX_SIZE:
-            raise ConfigError(f"config key 'decoder_sparse_step' must be an integer in [1, {MAX_SIZE}], got {step!r}")
-        bad = [i for i in self.mlp_only_layers if not is_int(i) or not 0 <= i < self.num_hidden_layers]
-        if bad or len(set(self.mlp_only_layers)) != len(self.mlp_only_layers):
-            raise ConfigError(
-                f"config key 'mlp_only_layers' = {list(self.mlp_only_layers)} must list distinct layer indices "
-                f"in [0, {self.num_hidden_layers})" + (f": {bad} are not" if bad else "")
-            )
-        if not self.num_experts:
-            moe = {
-                n: getattr(self, n)
-                for n in ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
-                if getattr(self, n)
-            }
-            if moe:
-                raise ConfigError(f"num_experts = 0 (a dense model) but {moe} are set")
-            return
-        if not 1 <= self.num_experts_per_tok <= self.num_experts:
-            raise ConfigError(
-                f"config key 'num_experts_per_tok' = {self.num_experts_per_tok} must be in [1, num_experts = "
-                f"{self.num_experts}]"
-            )
-        if self.moe_intermediate_size < 1:
-            raise ConfigError("config key 'moe_intermediate_size' must be >= 1 in a mixture-of-experts model")
-        if not self.gated_mlp or self.mlp_bias or self.parallel_residual or self.norm_placement != "pre":
-            raise ConfigError(
-                "mixture-of-experts is defined here for the pre-norm decoder with gated, bias-free experts only"
-            )
+        check_spec(self)  # spec/config_checks.py: types, ranges, names, and the combinations refused by name
 
     def is_sparse(self, layer: int) -> bool:
         """Layer `layer` routes its tokens to experts (transformers' rule: decoder_sparse_step, mlp_only_layers)."""

@@ -4,7 +4,8 @@
 placement, residual flow, activation, biases, rotary, attention variants) read from the config keys that
 family's transformers config defines — never inferred from the word "transformer". Whatever a family's config
 asks for that the spec cannot represent is refused naming the key and its value (docs/design.md, "Model
-families"). Sizes common to every family (hidden, heads, vocabulary) are read by spec/config.py.
+families"). Sizes common to every family (hidden, heads, vocabulary) are read by spec/config.py; the config-key
+readers and refusals several families share (activation, sliding window, layer kinds) are spec/family_fields.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,16 @@ from __future__ import annotations
 from typing import Any
 
 from spec.errors import ConfigError
+from spec.family_fields import (
+    FULL,  # the layer kinds: both backends and spec/hf_config.py import them from here
+    SLIDING,
+    activation,
+    layer_types,
+    plain_decoder,
+    refuse_key,
+    rope_fields,
+    sliding_window,
+)
 from spec.json_fields import MAX_SIZE, Fields
 from spec.rope import RopeScaling, global_rope, parse_rope
 
@@ -29,15 +40,6 @@ FAMILIES = (
     "mixtral",
 )
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
-FULL, SLIDING = "full_attention", "sliding_attention"
-# transformers' activation names -> the spec's: each is one formula (the tanh GELU has two names)
-ACTIVATIONS = {
-    "silu": "silu",
-    "swish": "silu",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_new": "gelu_tanh",
-    "gelu": "gelu",
-}
 # The padding row (docs/design.md, "Training"): where transformers builds the embedding as
 # nn.Embedding(vocab, hidden, padding_idx=config.pad_token_id), row pad_token_id gets no gradient from the lookup
 # (a tied head's use of the table still gives it one). Family -> its config class's pad_token_id default, for the
@@ -96,76 +98,16 @@ def _refuse_common(fields: Fields, model_type: str) -> None:
         raise ConfigError("config key 'use_bidirectional_attention' = true is not supported (causal decoders only)")
 
 
-def _activation(fields: Fields, key: str, default: str, allowed: tuple[str, ...]) -> str:
-    name = fields.string(key, default)
-    act = ACTIVATIONS.get(name)
-    if act not in allowed:
-        names = sorted(k for k, v in ACTIVATIONS.items() if v in allowed)
-        raise ConfigError(f"config key {key!r} = {name!r} is not supported for this family (supported: {names})")
-    return act
-
-
-def _refuse_key(fields: Fields, key: str, ok: bool | None, what: str) -> None:
-    """Refuse `key` unless it is absent or equals `ok` (the only value this family's structure has); a boolean
-    key is type-checked first, so `1` is named as not a boolean rather than as an unsupported value."""
-    value = fields.boolean(key, ok) if isinstance(ok, bool) else fields.value(key)
-    if value is not None and value != ok:
-        raise ConfigError(f"config key {key!r} = {fields.value(key)!r} is not supported for this family ({what})")
-
-
-def _rope_fields(fields: Fields, theta_key: str = "rope_theta") -> dict[str, Any]:
-    theta, scaling, _ = global_rope(fields, theta_key)
-    return {"rope_theta": theta, "rope_scaling": scaling}
-
-
-def _window(fields: Fields, default: int) -> int | None:
-    """`sliding_window` as transformers reads it: absent -> the family's default, null -> no window."""
-    if "sliding_window" not in fields.obj:
-        return default
-    return fields.integer("sliding_window", None)
-
-
-def _layer_types(fields: Fields, num_layers: int, default: list[str], window: int | None) -> tuple[str, ...]:
-    """Per-layer attention kinds: the config's `layer_types` list, else the family's default pattern."""
-    types = fields.strings("layer_types")
-    if types is None:
-        types = default
-    elif len(types) != num_layers:
-        raise ConfigError(f"config key 'layer_types' has {len(types)} entries but num_hidden_layers = {num_layers}")
-    bad = sorted({t for t in types if t not in (FULL, SLIDING)})
-    if bad:
-        raise ConfigError(f"config key 'layer_types' contains {bad}: only {FULL!r} and {SLIDING!r} are supported")
-    if SLIDING in types and window is None:
-        raise ConfigError("config key 'layer_types' names sliding_attention layers but 'sliding_window' is null")
-    return tuple(types) if SLIDING in types else ()
-
-
-def _plain_decoder(fields: Fields) -> None:
-    """Keys that would change the Llama/Qwen structure; refused where that family's config has them set."""
-    _activation(fields, "hidden_act", "silu", ("silu",))
-    _refuse_key(fields, "mlp_bias", False, "SwiGLU without bias")
-    for key in ("parallel_residual", "use_parallel_residual"):
-        _refuse_key(fields, key, False, "sequential residual only")
-    partial = fields.number("partial_rotary_factor", 1.0)
-    if partial != 1.0:
-        raise ConfigError(f"config key 'partial_rotary_factor' = {partial!r} is not supported (full rotary only)")
-    if fields.value("layer_norm_eps") is not None and fields.value("rms_norm_eps") is None:
-        raise ConfigError(
-            f"config key 'layer_norm_eps' = {fields.value('layer_norm_eps')!r}: LayerNorm is not supported "
-            "for this family (RMSNorm only)"
-        )
-
-
 def _qwen(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
     dense = model_type.removesuffix("_moe")
-    _plain_decoder(fields)
+    plain_decoder(fields)
     # Qwen2/Qwen3: sliding window only when use_sliding_window, on layers from max_window_layers on.
     window = fields.integer("sliding_window", None, minimum=0) if fields.boolean("use_sliding_window", False) else None
     first = fields.integer("max_window_layers", num_layers, minimum=0)
     default = [SLIDING if window is not None and i >= first else FULL for i in range(num_layers)]
-    types = _layer_types(fields, num_layers, default, window)
+    types = layer_types(fields, num_layers, default, window)
     return {
-        **_rope_fields(fields),
+        **rope_fields(fields),
         "rms_norm_eps": fields.number("rms_norm_eps"),
         # Qwen2 always has q/k/v bias; Qwen2-MoE's newer configs say so in `qkv_bias` (default true).
         "attention_bias": _qwen2_bias(fields, model_type)
@@ -179,7 +121,7 @@ def _qwen(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
 
 def _qwen2_bias(fields: Fields, model_type: str) -> bool:
     if model_type == "qwen2_moe":
-        _refuse_key(fields, "qkv_bias", True, "Qwen2-MoE's q/k/v projections carry a bias")
+        refuse_key(fields, "qkv_bias", True, "Qwen2-MoE's q/k/v projections carry a bias")
     return True
 
 
@@ -190,7 +132,7 @@ def _qwen_moe(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any
     experts = fields.integer("num_experts", None, minimum=0)
     if experts is None:
         experts = fields.integer("num_local_experts", defaults[0], minimum=0)
-    _refuse_key(fields, "router_jitter_noise", 0.0, "training-time router noise is not modelled")
+    refuse_key(fields, "router_jitter_noise", 0.0, "training-time router noise is not modelled")
     moe = {
         "num_experts": experts,
         "num_experts_per_tok": fields.integer("num_experts_per_tok", defaults[1]),
@@ -202,17 +144,17 @@ def _qwen_moe(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any
     if model_type == "qwen2_moe":
         moe["shared_expert_intermediate_size"] = fields.integer("shared_expert_intermediate_size", 5632)
     else:
-        _refuse_key(fields, "shared_expert_intermediate_size", None, "Qwen3-MoE has no shared expert")
+        refuse_key(fields, "shared_expert_intermediate_size", None, "Qwen3-MoE has no shared expert")
     return {**_qwen(fields, model_type, num_layers), **moe}
 
 
 def _mixtral(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
     """Mixtral: Mistral's decoder, every layer sparse, top-k renormalized, experts of `intermediate_size`."""
-    _plain_decoder(fields)
-    window = _window(fields, None)
-    _refuse_key(fields, "router_jitter_noise", 0.0, "training-time router noise is not modelled")
+    plain_decoder(fields)
+    window = sliding_window(fields, None)
+    refuse_key(fields, "router_jitter_noise", 0.0, "training-time router noise is not modelled")
     return {
-        **_rope_fields(fields),
+        **rope_fields(fields),
         "rms_norm_eps": fields.number("rms_norm_eps"),
         "attention_bias": fields.boolean("attention_bias", False),
         "sliding_window": window,
@@ -226,23 +168,23 @@ def _mixtral(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]
 
 
 def _llama(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
-    _plain_decoder(fields)
-    _refuse_key(fields, "sliding_window", None, "Llama has full attention")
-    _layer_types(fields, num_layers, [FULL] * num_layers, None)
+    plain_decoder(fields)
+    refuse_key(fields, "sliding_window", None, "Llama has full attention")
+    layer_types(fields, num_layers, [FULL] * num_layers, None)
     return {
-        **_rope_fields(fields),
+        **rope_fields(fields),
         "rms_norm_eps": fields.number("rms_norm_eps"),
         "attention_bias": fields.boolean("attention_bias", False),
     }
 
 
 def _mistral(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
-    _plain_decoder(fields)
-    window = _window(fields, 4096)
+    plain_decoder(fields)
+    window = sliding_window(fields, 4096)
     if fields.value("layer_types") is not None:
         raise ConfigError("config key 'layer_types' is not read by Mistral (transformers ignores it: use Ministral)")
     return {
-        **_rope_fields(fields),
+        **rope_fields(fields),
         "rms_norm_eps": fields.number("rms_norm_eps"),
         "attention_bias": fields.boolean("attention_bias", False),
         "sliding_window": window,
@@ -251,8 +193,8 @@ def _mistral(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]
 
 
 def _gemma(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
-    _refuse_key(fields, "mlp_bias", False, "GeGLU without bias")
-    window = _window(fields, 4096)
+    refuse_key(fields, "mlp_bias", False, "GeGLU without bias")
+    window = sliding_window(fields, 4096)
     if model_type == "gemma2":  # every other layer slides, starting with layer 0
         pattern = 2
         theta, scaling, _ = global_rope(fields)
@@ -261,7 +203,7 @@ def _gemma(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
         pattern = fields.integer("sliding_window_pattern", 6)
         (theta, scaling), (local_theta, local_scaling) = _gemma3_ropes(fields)
     default = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
-    types = _layer_types(fields, num_layers, default, window)
+    types = layer_types(fields, num_layers, default, window)
     return {
         "rope_theta": theta,
         "rope_scaling": scaling,
@@ -273,7 +215,7 @@ def _gemma(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
         "norm_offset": 1.0,
         "norm_weight_float32": True,
         "norm_placement": "sandwich",
-        "hidden_act": _activation(fields, "hidden_activation", "gelu_pytorch_tanh", ("gelu_tanh", "gelu", "silu")),
+        "hidden_act": activation(fields, "hidden_activation", "gelu_pytorch_tanh", ("gelu_tanh", "gelu", "silu")),
         "embedding_scale": True,
         "query_pre_attn_scalar": fields.number("query_pre_attn_scalar"),
         "attn_logit_softcapping": fields.number("attn_logit_softcapping", None),
@@ -301,11 +243,11 @@ def _gemma3_ropes(fields: Fields) -> tuple[tuple[float, RopeScaling | None], tup
 
 
 def _olmo2(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any]:
-    _plain_decoder(fields)
-    _refuse_key(fields, "sliding_window", None, "OLMo 2 has full attention")
-    _layer_types(fields, num_layers, [FULL] * num_layers, None)
+    plain_decoder(fields)
+    refuse_key(fields, "sliding_window", None, "OLMo 2 has full attention")
+    layer_types(fields, num_layers, [FULL] * num_layers, None)
     return {
-        **_rope_fields(fields),
+        **rope_fields(fields),
         "rms_norm_eps": fields.number("rms_norm_eps"),
         "attention_bias": fields.boolean("attention_bias", False),
         "qk_norm": True,
@@ -325,7 +267,7 @@ def _gpt_neox(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any
     if partial > 1.0:
         raise ConfigError(f"config key 'partial_rotary_factor' = {partial!r} must be in (0, 1]")
     bias = fields.boolean("attention_bias", True)
-    _refuse_key(fields, "sliding_window", None, "GPT-NeoX has full attention")
+    refuse_key(fields, "sliding_window", None, "GPT-NeoX has full attention")
     return {
         "rope_theta": theta,
         "rope_scaling": scaling,
@@ -334,7 +276,7 @@ def _gpt_neox(fields: Fields, model_type: str, num_layers: int) -> dict[str, Any
         "o_proj_bias": bias,
         "norm_type": "layer",
         "parallel_residual": fields.boolean("use_parallel_residual", True),
-        "hidden_act": _activation(fields, "hidden_act", "gelu", ("gelu", "gelu_tanh", "silu")),
+        "hidden_act": activation(fields, "hidden_act", "gelu", ("gelu", "gelu_tanh", "silu")),
         "gated_mlp": False,
         "mlp_bias": True,
         "fused_qkv": True,

@@ -5,7 +5,7 @@ One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat1
 - prefill tokens/s for a 128-token prompt and decode tokens/s for 64 new tokens, per backend (medians of
   `--repeats` runs; the three backends load in their own processes, then run in turn, run after run);
 - the machine's read bandwidth (a large float32 matrix-vector product, read before and after the backends)
-  and matmul FLOP/s;
+  and matmul FLOP/s, each in a process of its own (benchmarks/bandwidth.py);
 - each backend's ratio to transformers, and decode's fraction of the weight-streaming limit
   (read bandwidth / weight bytes per token: every weight is read once per decoded token, 2.38 GB in float32,
   1.19 GB in bfloat16; in the MoE model only the selected experts' weights, 0.21 GB of its 1.54 GB in float32,
@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,64 +36,10 @@ if __package__ in (None, ""):  # run as a file: its own folder would shadow the 
 
 import spec  # noqa: E402
 from benchmarks import machine as machine_info  # noqa: E402
+from benchmarks.bandwidth import in_subprocess  # noqa: E402
 from benchmarks.qwen3_shape import SHAPES, active_parameters, shaped_checkpoint  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-
-
-def interleaved_medians(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds of each run, the runs taken in turn: a drift in the machine's bandwidth (these VMs
-    drift by 10-20% within a minute) then hits every variant alike instead of whichever ran during it."""
-    for run in runs.values():
-        run()  # warm-up: compilation, allocator, caches
-    times = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    return interleaved_medians({"": fn}, repeats)[""]
-
-
-def matvec_bandwidths(repeats: int) -> dict[str, float]:
-    """Bytes/s of a 1 GiB float32 matrix-vector product (the access pattern of a decode step): torch's `mv`, XLA's
-    dot and, where it was built, the project's own CPU kernel (kernels/cpu/gemv.c), which both backends may choose
-    for a decode step's products: a limit that left out the fastest reader the backends use would not be one."""
-    import jax
-    import jax.numpy as jnp
-    import torch
-
-    from kernels.cpu import torch_gemv
-
-    rows, cols = 16384, 16384
-    a = torch.randn(rows, cols)
-    x = torch.randn(cols)
-    aj, xj = jnp.asarray(a.numpy()), jnp.asarray(x.numpy())
-    mv = jax.jit(lambda m, v: m @ v)
-    runs = {"torch": lambda: torch.mv(a, x), "jax": lambda: mv(aj, xj).block_until_ready()}
-    if torch_gemv.supports(x[None], a, None):
-        runs["kernel"] = lambda: torch_gemv.launch(x[None], a)  # [1, cols] @ a^T
-    nbytes = rows * cols * 4
-    return {name: nbytes / t for name, t in interleaved_medians(runs, repeats).items()}
-
-
-def read_bandwidth(repeats: int) -> float:
-    """The best 1 GiB matrix-vector bandwidth measured: the read rate a decode step could reach."""
-    rates = matvec_bandwidths(repeats)
-    print("  matvec read bandwidth: " + ", ".join(f"{name} {rate / 1e9:.1f} GB/s" for name, rate in rates.items()))
-    return max(rates.values())
-
-
-def matmul_flops(repeats: int) -> float:
-    import torch
-
-    n = 2048
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n**3 / median_time(lambda: a @ b, repeats)
 
 
 class TokenClock:
@@ -235,23 +180,6 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
     return results
 
 
-def worker(name: str, args: argparse.Namespace) -> dict:
-    """The machine's bandwidth and FLOP/s, measured in this (fresh) process."""
-    if name == "machine":
-        return {"read_bandwidth": read_bandwidth(args.repeats), "matmul_flops": matmul_flops(args.repeats)}
-    return {"read_bandwidth": read_bandwidth(args.repeats)}
-
-
-def in_subprocess(name: str, args: argparse.Namespace) -> dict:
-    """A machine measurement in its own process, so that no backend's threads or memory are around."""
-    cmd = [sys.executable, "-m", "benchmarks.cpu_decode", "--worker", name, "--repeats", str(args.repeats)]
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True, check=True)
-    lines = out.stdout.strip().splitlines()
-    print("\n".join(lines[:-1]), flush=True)
-    return json.loads(lines[-1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the figures here")
@@ -260,12 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32", help="the weights' dtype")
     parser.add_argument("--model", choices=tuple(SHAPES), default="qwen3-0.6b", help="the checkpoint's shape")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        print(json.dumps(worker(args.worker, args)))
-        return 0
     if args.serve:
         serve(args.serve, args)
         return 0

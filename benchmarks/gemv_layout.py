@@ -32,7 +32,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from benchmarks.cpu_decode import interleaved_medians, matvec_bandwidths  # noqa: E402
+from benchmarks.bandwidth import interleaved_medians, matvec_bandwidths  # noqa: E402
 from benchmarks.machine import line  # noqa: E402
 
 LAYERS = 28

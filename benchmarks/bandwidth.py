@@ -1,0 +1,111 @@
+"""The machine's read bandwidth and matmul FLOP/s, each measured in a fresh process of its own.
+
+They are the yardsticks benchmarks/cpu_decode.py sets its backends against. The read bandwidth is the best
+1 GiB float32 matrix-vector product over torch's `mv`, XLA's dot and the project's CPU kernel (kernels/cpu/gemv.c):
+the access pattern of a decode step, whose every weight is read once, so this rate / weight bytes per token is
+the weight-streaming limit. The FLOP/s are a 2048x2048 float32 matrix product's. Medians of `--repeats` runs,
+the variants taken in turn (interleaved_medians, which benchmarks/gemv_layout.py uses too).
+
+A measurement runs in its own process (in_subprocess: `python -m benchmarks.bandwidth --worker machine` or
+`--worker bandwidth`) so that no backend's threads, thread pools or memory are around while it reads; that process
+prints its bandwidths, then one JSON line, which in_subprocess returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+
+def interleaved_medians(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each run, the runs taken in turn: a drift in the machine's bandwidth (these VMs
+    drift by 10-20% within a minute) then hits every variant alike instead of whichever ran during it."""
+    for run in runs.values():
+        run()  # warm-up: compilation, allocator, caches
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    return interleaved_medians({"": fn}, repeats)[""]
+
+
+def matvec_bandwidths(repeats: int) -> dict[str, float]:
+    """Bytes/s of a 1 GiB float32 matrix-vector product (the access pattern of a decode step): torch's `mv`, XLA's
+    dot and, where it was built, the project's own CPU kernel (kernels/cpu/gemv.c), which both backends may choose
+    for a decode step's products: a limit that left out the fastest reader the backends use would not be one."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from kernels.cpu import torch_gemv
+
+    rows, cols = 16384, 16384
+    a = torch.randn(rows, cols)
+    x = torch.randn(cols)
+    aj, xj = jnp.asarray(a.numpy()), jnp.asarray(x.numpy())
+    mv = jax.jit(lambda m, v: m @ v)
+    runs = {"torch": lambda: torch.mv(a, x), "jax": lambda: mv(aj, xj).block_until_ready()}
+    if torch_gemv.supports(x[None], a, None):
+        runs["kernel"] = lambda: torch_gemv.launch(x[None], a)  # [1, cols] @ a^T
+    nbytes = rows * cols * 4
+    return {name: nbytes / t for name, t in interleaved_medians(runs, repeats).items()}
+
+
+def read_bandwidth(repeats: int) -> float:
+    """The best 1 GiB matrix-vector bandwidth measured: the read rate a decode step could reach."""
+    rates = matvec_bandwidths(repeats)
+    print("  matvec read bandwidth: " + ", ".join(f"{name} {rate / 1e9:.1f} GB/s" for name, rate in rates.items()))
+    return max(rates.values())
+
+
+def matmul_flops(repeats: int) -> float:
+    import torch
+
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / median_time(lambda: a @ b, repeats)
+
+
+def worker(name: str, args: argparse.Namespace) -> dict:
+    """The machine's bandwidth and FLOP/s, measured in this (fresh) process."""
+    if name == "machine":
+        return {"read_bandwidth": read_bandwidth(args.repeats), "matmul_flops": matmul_flops(args.repeats)}
+    return {"read_bandwidth": read_bandwidth(args.repeats)}
+
+
+def in_subprocess(name: str, args: argparse.Namespace) -> dict:
+    """A machine measurement in its own process, so that no backend's threads or memory are around."""
+    cmd = [sys.executable, "-m", "benchmarks.bandwidth", "--worker", name, "--repeats", str(args.repeats)]
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    print("\n".join(lines[:-1]), flush=True)
+    return json.loads(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", required=True, help='"machine" (bandwidth and FLOP/s) or "bandwidth"')
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    print(json.dumps(worker(args.worker, args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,7 +23,7 @@ import jax_impl.training
 import kernels.triton.reference as triton_ref
 import torch_impl
 import torch_impl.training
-from tests.parity.mutants import _patch_loaded
+from tests.parity.mutant_patches import patch_loaded
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def _residual_detached_in_layer_1(mp: pytest.MonkeyPatch) -> None:
         original = norm.forward
         norm.forward = lambda x, residual=None: original(x, None if residual is None else residual.detach())
 
-    _patch_loaded(mp, torch_impl, change)
+    patch_loaded(mp, torch_impl, change)
 
 
 def _loss_over_all_positions(mp: pytest.MonkeyPatch) -> None:

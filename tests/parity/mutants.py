@@ -4,7 +4,8 @@ Every mutant is applied through a `pytest.MonkeyPatch` (undone when the test end
 the backends look up at call time, or to the model a backend's `from_pretrained` returns (the package
 attribute is wrapped; parity/capture.py looks it up at call time). Nothing here is reachable from the
 product. `expect` is the component the parity report must name as the first divergence; `why` says why
-that component and not an earlier one.
+that component and not an earlier one. This file is the catalogue (the `Mutant` row, the MUTANTS and SURVIVORS
+tables); the patch functions the rows inject are tests/parity/mutant_patches.py.
 
 JAX: `jax_impl.model.forward` is jitted with the graph static, so a patched function is only seen after
 `jax.clear_caches()`; tests clear the caches before and after a JAX mutant (`Mutant.jax`).
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 
 import pytest
 
@@ -22,6 +22,29 @@ import jax_impl
 import kernels.pallas.reference as pallas_ref
 import kernels.triton.reference as triton_ref
 import torch_impl
+from tests.parity.mutant_patches import (
+    attend_without_softcap,
+    causal_mask_off_by_one,
+    embedding_scale_float32,
+    final_norm_skips_increment,
+    gelu_erf_and_mul_jax,
+    group_heads_tiled,
+    jax_act,
+    local_rope_scaled,
+    olmo2_qk_norm_per_head,
+    parallel_residual_sequential,
+    patch_loaded,
+    patch_norm,
+    rope_theta_ignored,
+    rotary_full_head_jax,
+    rotate_interleaved_jax,
+    skip_qk_norm_jax,
+    swap_gate_up,
+    torch_act,
+    torch_norm,
+    untie_and_quantize_head,
+    window_off_by_one_jax,
+)
 
 
 @dataclass(frozen=True)
@@ -40,245 +63,6 @@ class Mutant:
         return self.backend == "jax"
 
 
-# ---- helpers ------------------------------------------------------------------------------------------
-def _patch_loaded(mp: pytest.MonkeyPatch, backend: ModuleType, change: Callable) -> None:
-    """Wrap `backend.from_pretrained` (torch_impl or jax_impl) so that `change(model)` runs on every model it loads."""
-    original = backend.from_pretrained
-
-    def load(*args, **kwargs):
-        model = original(*args, **kwargs)
-        change(model)
-        return model
-
-    mp.setattr(backend, "from_pretrained", load)
-
-
-def _torch_norm(variant: str) -> Callable[[pytest.MonkeyPatch], None]:
-    """Replace torch's add_rms_norm reference with a wrong normalization (same dual-variable contract)."""
-    import torch
-
-    def norm(x, residual, weight, eps):
-        if residual is not None:
-            x = (x.float() + residual.float()).to(x.dtype)
-        xf = x.float()
-        if variant == "layernorm":  # subtracts the mean: LayerNorm without bias
-            xf = xf - xf.mean(-1, keepdim=True)
-            out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        else:  # "eps_outside_sqrt": x / (sqrt(mean(x^2)) + eps)
-            out = xf / (xf.pow(2).mean(-1, keepdim=True).sqrt() + eps)
-        out = weight * out.to(x.dtype)
-        return out if residual is None else (out, x)
-
-    return lambda mp: mp.setattr(triton_ref, "add_rms_norm_reference", norm)
-
-
-def _torch_act(kind: str) -> Callable[[pytest.MonkeyPatch], None]:
-    import torch.nn.functional as F
-
-    def act(x):
-        gate, up = x.float().chunk(2, dim=-1)
-        out = {"relu": lambda: F.relu(gate) * up, "silu_only": lambda: F.silu(gate)}[kind]()
-        return out.to(x.dtype)
-
-    return lambda mp: mp.setattr(triton_ref, "silu_and_mul_reference", act)
-
-
-def _jax_act(kind: str) -> Callable[[pytest.MonkeyPatch], None]:
-    import jax
-    import jax.numpy as jnp
-
-    def act(x):
-        gate, up = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-        out = {"gelu": lambda: jax.nn.gelu(gate, approximate=False) * up, "no_silu": lambda: gate * up}[kind]()
-        return out.astype(x.dtype)
-
-    return lambda mp: mp.setattr(pallas_ref, "silu_and_mul_reference", act)
-
-
-def _swap_gate_up(model) -> None:
-    import torch
-
-    for layer in model.model.layers:
-        w = layer.mlp.gate_up_proj.weight
-        half = w.shape[0] // 2
-        w.copy_(torch.cat([w[half:], w[:half]]))  # checkpoint gate/up order opposite to the runtime split
-
-
-def _untie_and_quantize_head(model) -> None:
-    import torch
-
-    embed = model.model.embed_tokens.weight
-    model.lm_head.weight = torch.nn.Parameter(embed.detach().to(torch.bfloat16).to(embed.dtype), requires_grad=False)
-
-
-def _final_norm_skips_increment(model) -> None:
-    norm = model.model.norm
-    original = norm.forward
-
-    def forward(hidden, residual=None):
-        if residual is None:
-            return original(hidden)
-        return original(residual), residual  # normalizes x1 + ... without the last MLP increment
-
-    norm.forward = forward
-
-
-def _rope_theta_ignored(model) -> None:
-    import torch
-
-    d = model.spec.head_dim
-    model.model.rotary_emb.inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-
-
-def _skip_qk_norm_jax(model) -> None:
-    for layer in model.model.layers:
-        layer.self_attn.q_norm = None
-        layer.self_attn.k_norm = None
-
-
-def _rotate_interleaved_jax(x):
-    import jax.numpy as jnp
-
-    pairs = x.reshape(*x.shape[:-1], -1, 2)  # (2i, 2i+1) pairs: the GPT-J convention, not rotate-half
-    return jnp.stack((-pairs[..., 1], pairs[..., 0]), axis=-1).reshape(x.shape)
-
-
-def _group_heads_tiled(q, num_kv_heads):
-    """The `repeat` (tile) mapping: query head h reads kv head h % n_kv, not h // groups."""
-    b, t, n, d = q.shape
-    return q.view(b, t, n // num_kv_heads, num_kv_heads, d).transpose(2, 3)  # [B, T, n_kv, g, d]
-
-
-def _causal_mask_off_by_one(key_valid, q_start, q_len):
-    import torch
-
-    q_slot = q_start + torch.arange(q_len, device=key_valid.device)
-    k_slot = torch.arange(key_valid.shape[1], device=key_valid.device)
-    return (k_slot[None, :] <= q_slot[:, None] + 1)[None] & key_valid[:, None, :]  # sees one future token
-
-
-# ---- issue 15: the model families' porting bugs -----------------------------------------------------------
-def _norm_options(*, offset: bool = True, float32_weight: bool = True) -> Callable:
-    """The framework's add_rms_norm reference with one of the family options dropped at every call."""
-
-    def wrap(original):
-        def norm(x, residual, weight, eps, **options):
-            if not offset:
-                options.pop("offset", None)  # Gemma's (1 + w) applied as w
-            if not float32_weight:
-                options.pop("float32_weight", None)  # the weight multiply after the cast, in the activation dtype
-            return original(x, residual, weight, eps, **options)
-
-        return norm
-
-    return wrap
-
-
-def _patch_norm(framework: ModuleType, **dropped: bool) -> Callable[[pytest.MonkeyPatch], None]:
-    return lambda mp: mp.setattr(
-        framework, "add_rms_norm_reference", _norm_options(**dropped)(framework.add_rms_norm_reference)
-    )
-
-
-def _embedding_scale_float32(spec, dtype):
-    """sqrt(hidden) as a Python float: torch multiplies a bf16 tensor by it in float32 (55.4256, not bf16's 55.5
-    at H = 3072) and rounds the product once."""
-    return spec.hidden_size**0.5
-
-
-def _gelu_erf_and_mul_jax(x):
-    import jax
-    import jax.numpy as jnp
-
-    gate, up = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    return (jax.nn.gelu(gate, approximate=False) * up).astype(x.dtype)  # exact erf where Gemma's is tanh
-
-
-def _attend_without_softcap(mp: pytest.MonkeyPatch) -> None:
-    original = torch_impl.attention.attend
-
-    def attend(q, k, v, mask, scale, softcap=None):
-        return original(q, k, v, mask, scale)  # attn_logit_softcapping read from the config but never applied
-
-    mp.setattr(torch_impl.attention, "attend", attend)
-
-
-def _window_off_by_one_jax(mp: pytest.MonkeyPatch) -> None:
-    original = jax_impl.model.causal_mask
-
-    def causal_mask(key_valid, q_start, q_len, window=None, k_slot=None):
-        # k >= q - window instead of k > q - window: each query sees window + 1 keys
-        return original(key_valid, q_start, q_len, None if window is None else window + 1, k_slot)
-
-    mp.setattr(jax_impl.model, "causal_mask", causal_mask)
-
-
-def _local_rope_scaled(model) -> None:
-    """Gemma 3: the global layers' RoPE scaling (linear, factor 8) applied to the sliding layers' table too."""
-    import torch
-
-    from spec import rope_inv_freq
-
-    s = model.spec
-    scaled = rope_inv_freq(s.rotary_dim, s.local_rope_theta, s.rope_scaling)
-    model.model.rotary_emb_local.inv_freq = torch.from_numpy(scaled)
-
-
-def _olmo2_qk_norm_per_head(mp: pytest.MonkeyPatch) -> None:
-    """OLMo 2's q/k norm taken over each head's d (Qwen3's scope) with the projection-wide weight viewed [n, d]."""
-    import torch
-
-    def per_head(norm, x, heads):
-        b, t, _ = x.shape
-        xf = x.float().view(b, t, heads, -1)  # [B, T, n, d]
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.eps)
-        return (normed * norm.weight.float().view(heads, -1)).to(x.dtype).view(b, t, -1)
-
-    def project(self, x):
-        b, t, _ = x.shape
-        n, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k = per_head(self.q_norm, q, n), per_head(self.k_norm, k, n_kv)
-        return q.view(b, t, n, d), k.view(b, t, n_kv, d), v.view(b, t, n_kv, d)
-
-    mp.setattr(torch_impl.attention.Attention, "_project", project)
-
-
-def _parallel_residual_sequential(mp: pytest.MonkeyPatch) -> None:
-    """GPT-NeoX with use_parallel_residual=True run as the sequential layer: the MLP's norm reads x + attn."""
-
-    def forward(self, hidden, residual, cos, sin, mask, cache=None, trace=None):
-        name = f"layers.{self.layer_idx}"
-        attn_in = self.input_layernorm(hidden)
-        attn = self.self_attn(attn_in, cos, sin, mask, cache, trace)
-        x1 = hidden + attn
-        mlp_in = self.post_attention_layernorm(x1)
-        mlp = self.mlp(mlp_in, trace)
-        x2 = x1 + mlp
-        if trace is not None:
-            trace.update({f"{name}.input_norm": attn_in, f"{name}.attn_out": attn})
-            trace.update({f"{name}.post_attn_norm": mlp_in, f"{name}.mlp_out": mlp, f"{name}.x2": x2})
-        return x2, None
-
-    mp.setattr(torch_impl.decoder_layer_plain.ParallelDecoderLayer, "forward", forward)
-
-
-def _rotary_full_head_jax(mp: pytest.MonkeyPatch) -> None:
-    """GPT-NeoX's rotary_pct ignored: frequencies over the whole head_dim, so apply_rotary rotates every dim."""
-    import jax.numpy as jnp
-
-    from spec import rope_inv_freq
-
-    def rope(self, positions):
-        s = self.spec
-        inv_freq = jnp.asarray(rope_inv_freq(s.head_dim, s.rope_theta, s.rope_scaling))  # [d/2], not [r/2]
-        freqs = positions.astype(jnp.float32)[..., None] * inv_freq
-        angles = jnp.concatenate((freqs, freqs), axis=-1)
-        return jnp.cos(angles), jnp.sin(angles)
-
-    mp.setattr(jax_impl.rotary_embedding.RotaryEmbedding, "__call__", rope)
-
-
 # ---- the table ------------------------------------------------------------------------------------------
 MUTANTS: list[Mutant] = [
     Mutant(
@@ -286,46 +70,44 @@ MUTANTS: list[Mutant] = [
         "torch",
         "layers.0.input_norm",
         "the first norm is the first op after the (exact) embedding gather",
-        _torch_norm("layernorm"),
+        torch_norm("layernorm"),
     ),
     Mutant(
         "gate_up_order_swapped",
         "torch",
         "layers.0.mlp.gate_up",
         "the merged projection's output halves trade places; everything before it is untouched",
-        lambda mp: _patch_loaded(mp, torch_impl, _swap_gate_up),
+        lambda mp: patch_loaded(mp, torch_impl, swap_gate_up),
     ),
     Mutant(
         "gelu_instead_of_silu",
         "jax",
         "layers.0.mlp.act",
         "the activation is the first op that uses it; gate_up is still right",
-        _jax_act("gelu"),
+        jax_act("gelu"),
     ),
-    Mutant("relu_instead_of_silu", "torch", "layers.0.mlp.act", "as gelu", _torch_act("relu")),
+    Mutant("relu_instead_of_silu", "torch", "layers.0.mlp.act", "as gelu", torch_act("relu")),
     Mutant(
         "multiply_dropped_silu_gate_only",
         "torch",
         "layers.0.mlp.act",
         "act = silu(gate) ignores up: wrong from the activation on",
-        _torch_act("silu_only"),
+        torch_act("silu_only"),
     ),
-    Mutant(
-        "silu_dropped_gate_times_up", "jax", "layers.0.mlp.act", "act = gate * up without SiLU", _jax_act("no_silu")
-    ),
+    Mutant("silu_dropped_gate_times_up", "jax", "layers.0.mlp.act", "act = gate * up without SiLU", jax_act("no_silu")),
     Mutant(
         "tied_head_copied_and_quantized",
         "torch",
         "logits",
         "the embedding table itself is intact (embed matches); only the head's copy differs",
-        lambda mp: _patch_loaded(mp, torch_impl, _untie_and_quantize_head),
+        lambda mp: patch_loaded(mp, torch_impl, untie_and_quantize_head),
     ),
     Mutant(
         "final_norm_misses_last_increment",
         "torch",
         "final_norm",
         "each layer's trace records x2 itself; only the final norm consumes the last increment",
-        lambda mp: _patch_loaded(mp, torch_impl, _final_norm_skips_increment),
+        lambda mp: patch_loaded(mp, torch_impl, final_norm_skips_increment),
     ),
     Mutant(
         "eps_outside_sqrt",
@@ -333,7 +115,7 @@ MUTANTS: list[Mutant] = [
         "layers.0.input_norm",
         "needs a visible eps: checkpoint with rms_norm_eps=0.1 (with 1e-6 the change is ~1e-6, below float32 "
         "noise of a correct model); the first norm is the first op it changes",
-        _torch_norm("eps_outside_sqrt"),
+        torch_norm("eps_outside_sqrt"),
         checkpoint="large_eps",
     ),
     Mutant(
@@ -341,7 +123,7 @@ MUTANTS: list[Mutant] = [
         "jax",
         "layers.0.attn.q",
         "q is traced after RoPE (q comes before k); positions > 0 are rotated differently",
-        lambda mp: mp.setattr(jax_impl.rotary_embedding, "rotate_half", _rotate_interleaved_jax),
+        lambda mp: mp.setattr(jax_impl.rotary_embedding, "rotate_half", rotate_interleaved_jax),
     ),
     Mutant(
         "gqa_repeat_not_interleave",
@@ -349,28 +131,28 @@ MUTANTS: list[Mutant] = [
         "layers.0.attn_out",
         "q and k are traced before the heads are grouped; the attention output is the first to mix them "
         "(4 query heads on 2 kv heads: heads 1 and 2 read the wrong kv head)",
-        lambda mp: mp.setattr(torch_impl.attention, "group_heads", _group_heads_tiled),
+        lambda mp: mp.setattr(torch_impl.attention, "group_heads", group_heads_tiled),
     ),
     Mutant(
         "qk_norm_skipped",
         "jax",
         "layers.0.attn.q",
         "q is normalized (then rotated) before it is traced",
-        lambda mp: _patch_loaded(mp, jax_impl, _skip_qk_norm_jax),
+        lambda mp: patch_loaded(mp, jax_impl, skip_qk_norm_jax),
     ),
     Mutant(
         "causal_mask_off_by_one",
         "torch",
         "layers.0.attn_out",
         "the mask does not touch q or k; the attention output is the first to see a future token",
-        lambda mp: mp.setattr(torch_impl.model, "causal_mask", _causal_mask_off_by_one),
+        lambda mp: mp.setattr(torch_impl.model, "causal_mask", causal_mask_off_by_one),
     ),
     Mutant(
         "rope_theta_ignored",
         "torch",
         "layers.0.attn.q",
         "theta 1e6 replaced by 10000 changes every rotation at positions > 0; q is traced after RoPE",
-        lambda mp: _patch_loaded(mp, torch_impl, _rope_theta_ignored),
+        lambda mp: patch_loaded(mp, torch_impl, rope_theta_ignored),
     ),
     # ---- issue 15: the model families (transformers-written checkpoints, tests/hf_models.py FAMILY_CONFIGS) ----
     Mutant(
@@ -379,7 +161,7 @@ MUTANTS: list[Mutant] = [
         "layers.0.input_norm",
         "Gemma's RMSNorm scales by (1 + w); written as w it scales by ~0.1. The input norm is the first op after "
         "the (bit-identical) scaled embedding",
-        _patch_norm(pallas_ref, offset=False),
+        patch_norm(pallas_ref, offset=False),
         checkpoint="gemma2_sandwich",
     ),
     Mutant(
@@ -389,7 +171,7 @@ MUTANTS: list[Mutant] = [
         "bfloat16 only (in float32 the factor is float32 in both): sqrt(48) = 6.928 multiplied in float32 instead "
         "of bf16's 6.9375, a 0.13% change (~1/3 ulp) that flips the rounding of a quarter of the elements; the "
         "embedding is a gather and one multiply by a dtype constant, bit-identical in two correct backends",
-        lambda mp: mp.setattr(torch_impl.model, "embedding_scale", _embedding_scale_float32),
+        lambda mp: mp.setattr(torch_impl.model, "embedding_scale", embedding_scale_float32),
         checkpoint="gemma2_sandwich",
         dtype="bfloat16",
     ),
@@ -399,7 +181,7 @@ MUTANTS: list[Mutant] = [
         "layers.0.mlp.act",
         "Gemma's GeGLU uses the tanh approximation; exact erf differs by up to ~1e-3 at |x| ~ 2; gate_up is still "
         "right",
-        lambda mp: mp.setattr(pallas_ref, "gelu_tanh_and_mul_reference", _gelu_erf_and_mul_jax),
+        lambda mp: mp.setattr(pallas_ref, "gelu_tanh_and_mul_reference", gelu_erf_and_mul_jax),
         checkpoint="gemma2_sandwich",
     ),
     Mutant(
@@ -407,7 +189,7 @@ MUTANTS: list[Mutant] = [
         "torch",
         "layers.0.attn_out",
         "the cap (4.0) acts on the scores inside attention; q and k are traced before it",
-        _attend_without_softcap,
+        attend_without_softcap,
         checkpoint="gemma2_sandwich",
     ),
     Mutant(
@@ -424,7 +206,7 @@ MUTANTS: list[Mutant] = [
         "layers.0.attn_out",
         "layer 0 slides (window 6); with 19 tokens every query past the 6th sees one key too many; the mask does "
         "not touch q or k",
-        _window_off_by_one_jax,
+        window_off_by_one_jax,
         checkpoint="gemma2_sandwich",
     ),
     Mutant(
@@ -433,7 +215,7 @@ MUTANTS: list[Mutant] = [
         "layers.0.attn.q",
         "Gemma 3's layer 0 is a sliding layer: its RoPE (base 1e4, unscaled) divided by the global layers' linear "
         "factor 8 changes every rotation at positions > 0; q is traced after RoPE",
-        lambda mp: _patch_loaded(mp, torch_impl, _local_rope_scaled),
+        lambda mp: patch_loaded(mp, torch_impl, local_rope_scaled),
         checkpoint="gemma3_local_global",
     ),
     Mutant(
@@ -442,7 +224,7 @@ MUTANTS: list[Mutant] = [
         "layers.0.attn.q",
         "OLMo 2 normalizes q over the whole projection (n * d), not over each head's d; q is normed before it is "
         "rotated and traced, and a post-norm layer has no input norm before it",
-        _olmo2_qk_norm_per_head,
+        olmo2_qk_norm_per_head,
         checkpoint="olmo2_post",
     ),
     Mutant(
@@ -450,7 +232,7 @@ MUTANTS: list[Mutant] = [
         "torch",
         "layers.0.post_attn_norm",
         "the MLP's norm reads x + attn(ln1(x)) instead of x; the input norm and the attention before it are intact",
-        _parallel_residual_sequential,
+        parallel_residual_sequential,
         checkpoint="neox_parallel",
     ),
     Mutant(
@@ -459,7 +241,7 @@ MUTANTS: list[Mutant] = [
         "layers.0.attn.q",
         "rotary_pct 0.5: only 6 of the 12 dims of a head rotate; rotating all 12 (with frequencies over 12) "
         "changes q at positions > 0; q is traced after RoPE",
-        _rotary_full_head_jax,
+        rotary_full_head_jax,
         checkpoint="neox_parallel",
     ),
 ]
@@ -485,7 +267,7 @@ SURVIVORS: list[Mutant] = [
         "layers.0.attn.q",
         "OLMo 2's first norm is the projection-wide q norm, traced after RoPE as attn.q; its float32 weight multiply "
         "done after the cast to bf16 rounds twice",
-        _patch_norm(triton_ref, float32_weight=False),
+        patch_norm(triton_ref, float32_weight=False),
         checkpoint="olmo2_post",
         dtype="bfloat16",
     ),

@@ -13,7 +13,7 @@ import pytest
 
 import torch_impl
 from parity.__main__ import main
-from tests.parity.mutants import _causal_mask_off_by_one
+from tests.parity.mutant_patches import causal_mask_off_by_one
 from tests.parity.test_check import HAS_FUSED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def test_without_a_directory_the_default_checkpoint_is_used(capsys, monkeypatch,
 
 
 def test_a_divergence_exits_1_and_names_the_component(capsys, default_dir, monkeypatch):
-    monkeypatch.setattr(torch_impl.model, "causal_mask", _causal_mask_off_by_one)
+    monkeypatch.setattr(torch_impl.model, "causal_mask", causal_mask_off_by_one)
     code, out, _ = run(capsys, str(default_dir), "--seq-len", "8", "-q")
     assert code == 1
     verdict = out.strip().splitlines()[-1]

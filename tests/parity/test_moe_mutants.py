@@ -18,7 +18,8 @@ import pytest
 import jax_impl.moe
 import parity
 import torch_impl
-from tests.parity.mutants import Mutant, _patch_loaded
+from tests.parity.mutant_patches import patch_loaded
+from tests.parity.mutants import Mutant
 
 CHECK = dict(seq_len=12, batch=2, baseline=False)
 
@@ -104,7 +105,7 @@ def _mlp_only_layers_sparse(model) -> None:
 
 
 def _loaded(change) -> callable:
-    return lambda mp: _patch_loaded(mp, torch_impl, change)
+    return lambda mp: patch_loaded(mp, torch_impl, change)
 
 
 R = "first sparse layer's routing weights: the ids are the same (top-k of the logits = top-k of the softmax)"

@@ -1,6 +1,7 @@
 """What benchmarks/kernels.py measures and what it makes of the times: the ops and their options, the bytes
 each must move, a record of one shape's figures (seconds, GB/s, fractions of the copy and of the spec peak), the
-fused kernels' floors, and the JSON they are written to.
+sweep over the shapes that both frameworks' benchmarks run with their own cases and timer (`sweep`), the fused
+kernels' floors, and the JSON they are written to.
 
 Plain arithmetic over the figures, with no framework import: benchmarks/gpu_report.py (gpu_check.sh's report)
 reads the same records and floors. The ops mirror kernels/*/rms_norm.py and kernels/*/swiglu.py, named as
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 EPS = 1e-6
@@ -115,6 +117,38 @@ def print_floors(floors: list[dict[str, Any]]) -> None:
             f"  {f['framework']:<5} {f['kernel']:<12} [{f['tokens']} x {f['width']}]  {f['floor']}: {value} "
             f"(>= {bound})  {'ok' if f['passed'] else 'BELOW THE FLOOR'}"
         )
+
+
+def sweep(
+    framework: str,
+    args: argparse.Namespace,
+    out: dict[str, Any],
+    itemsize: int,
+    cases_of: Callable[[str, int, int], dict[str, Callable[[], object]]],
+    median: Callable[[Callable[[], object], int, int, int], float],
+    copy_gbps: float,
+    peak: float | None,
+    after_shape: Callable[[], object] | None = None,
+) -> None:
+    """Every (kernel, width, tokens) of the sweep in `args`: `cases_of(kernel, tokens, width)` gives the shape's
+    variants ("fused", "plain", "compiled"), `median(fn, warmup, samples, calls)` times each; the record is
+    printed, appended to out["results"] and saved at once (a run stopped later keeps it). The shape's cases are
+    dropped before the next shape allocates its own, then `after_shape` runs (torch: return the cached memory)."""
+    for kernel in args.kernels:
+        for width in args.widths:
+            for tokens in args.tokens:
+                nbytes = bytes_moved(kernel, tokens, width, itemsize)
+                print(f"  {framework} {kernel} {args.dtype} [{tokens} x {width}]  ({nbytes / 1e6:.1f} MB moved)")
+                cases = cases_of(kernel, tokens, width)
+                seconds = {label: median(fn, args.warmup, args.samples, args.calls) for label, fn in cases.items()}
+                record = record_of(seconds, nbytes, copy_gbps, peak)
+                print_record(record)
+                case = {"framework": framework, "kernel": kernel, "dtype": args.dtype, "tokens": tokens, "width": width}
+                out["results"].append(case | record)
+                save(args, out)
+                del cases  # free this shape's buffers before the next one allocates
+                if after_shape is not None:
+                    after_shape()
 
 
 def save(args: argparse.Namespace, out: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ and >= 1.3x the plain ops. `--json PATH` writes every figure and the floors.
 
 The parts: benchmarks/kernel_timing.py (GPU detection, the timing loops), benchmarks/kernels_torch.py and
 benchmarks/kernels_jax.py (each framework's cases and sweep), benchmarks/kernel_figures.py (bytes moved, the
-records, the floors, the JSON); benchmarks/gpu_report.py reads the JSON back for gpu_check.sh.
+records, the sweep loop, the floors, the JSON); benchmarks/gpu_report.py reads the JSON back for gpu_check.sh.
 
 Without a GPU it says so and exits 0 (2 with --require-gpu): interpret-mode (CPU) timings would measure the
 interpreter, not the kernels.

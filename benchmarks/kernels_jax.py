@@ -11,16 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.kernel_figures import (
-    EPS,
-    GATED,
-    RMS_NORM_OPTIONS,
-    bytes_moved,
-    print_record,
-    record_of,
-    save,
-    spec_peak,
-)
+from benchmarks.kernel_figures import EPS, GATED, RMS_NORM_OPTIONS, spec_peak, sweep
 from benchmarks.kernel_timing import median_seconds_jax
 
 
@@ -87,19 +78,5 @@ def bench_jax(args: argparse.Namespace, out: dict[str, Any]) -> None:
     for kernel in GATED:
         jitted[kernel, "fused"] = jax.jit(getattr(ops, kernel))
         jitted[kernel, "compiled"] = jax.jit(getattr(ops, f"{kernel}_reference"))
-    for kernel in args.kernels:
-        for width in args.widths:
-            for tokens in args.tokens:
-                nbytes = bytes_moved(kernel, tokens, width, dtype.itemsize)
-                print(f"  jax {kernel} {args.dtype} [{tokens} x {width}]  ({nbytes / 1e6:.1f} MB moved)")
-                cases = _jax_cases(kernel, tokens, width, dtype, device, jitted)
-                seconds = {
-                    label: median_seconds_jax(fn, args.warmup, args.samples, args.calls) for label, fn in cases.items()
-                }
-                record = record_of(seconds, nbytes, copy_gbps, peak)
-                print_record(record)
-                out["results"].append(
-                    {"framework": "jax", "kernel": kernel, "dtype": args.dtype, "tokens": tokens, "width": width}
-                    | record
-                )
-                save(args, out)
+    cases_of = functools.partial(_jax_cases, dtype=dtype, device=device, jitted=jitted)
+    sweep("jax", args, out, dtype.itemsize, cases_of, median_seconds_jax, copy_gbps, peak)

@@ -12,16 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.kernel_figures import (
-    EPS,
-    GATED,
-    RMS_NORM_OPTIONS,
-    bytes_moved,
-    print_record,
-    record_of,
-    save,
-    spec_peak,
-)
+from benchmarks.kernel_figures import EPS, GATED, RMS_NORM_OPTIONS, spec_peak, sweep
 from benchmarks.kernel_timing import median_seconds_cuda
 
 
@@ -76,23 +67,8 @@ def bench_torch(args: argparse.Namespace, out: dict[str, Any]) -> None:
         **{k: torch.compile(functools.partial(ops.add_rms_norm_reference, **o)) for k, o in RMS_NORM_OPTIONS.items()},
         **{k: torch.compile(getattr(ops, f"{k}_reference")) for k in GATED},
     }
+    cases_of = functools.partial(_torch_cases, dtype=dtype, compiled=compiled)
     with torch.inference_mode():
-        for kernel in args.kernels:
-            for width in args.widths:
-                for tokens in args.tokens:
-                    nbytes = bytes_moved(kernel, tokens, width, dtype.itemsize)
-                    print(f"  torch {kernel} {args.dtype} [{tokens} x {width}]  ({nbytes / 1e6:.1f} MB moved)")
-                    cases = _torch_cases(kernel, tokens, width, dtype, compiled)
-                    seconds = {
-                        label: median_seconds_cuda(fn, args.warmup, args.samples, args.calls)
-                        for label, fn in cases.items()
-                    }
-                    record = record_of(seconds, nbytes, copy_gbps, peak)
-                    print_record(record)
-                    out["results"].append(
-                        {"framework": "torch", "kernel": kernel, "dtype": args.dtype, "tokens": tokens, "width": width}
-                        | record
-                    )
-                    save(args, out)
-                    del cases  # free this shape's buffers before the next one allocates
-                    torch.cuda.empty_cache()
+        sweep(
+            "torch", args, out, dtype.itemsize, cases_of, median_seconds_cuda, copy_gbps, peak, torch.cuda.empty_cache
+        )

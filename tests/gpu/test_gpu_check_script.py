@@ -7,6 +7,7 @@ instead, exit status 2, no JSON. Its report (benchmarks/gpu_report.py::check_rep
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu_report import check_report, report_main
-from benchmarks.kernel_figures import evaluate_floors, record_of, save
+from benchmarks.kernel_figures import bytes_moved, evaluate_floors, record_of, save, sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 COPY_GBPS = 4000.0
@@ -168,3 +169,40 @@ def test_an_interrupted_benchmark_writes_what_it_measured(tmp_path: Path, monkey
     report = check_report(None, 0, path, 124, {"torch": "H200"}, 480.0, 480.0)
     assert not report["passed"] and report["figures"]  # the figures are kept, the time-out still fails the check
     assert "benchmarks/kernels.py ran past its time budget" in report["problems"]
+
+
+def test_sweep_times_every_shape_and_saves_after_each(tmp_path: Path, capsys) -> None:
+    """benchmarks/kernel_figures.py::sweep, the loop both frameworks' GPU sweeps run, over CPU stand-ins for the
+    cases and the timer: one record per (kernel, width, tokens) in that order, with the bytes the op moves and the
+    speed-ups of the timed seconds, the JSON written after each shape and before `after_shape`."""
+    args = argparse.Namespace(
+        kernels=["add_rms_norm", "silu_and_mul"], widths=[4096, 1000], tokens=[1, 4096], dtype="bfloat16",
+        warmup=1, samples=3, calls=2, json=tmp_path / "kernels.json",
+    )  # fmt: skip
+    seconds = {"fused": 1e-3, "plain": 3e-3, "compiled": 1.5e-3}
+    made, saved = [], []
+
+    def cases_of(kernel: str, tokens: int, width: int) -> dict:
+        made.append((kernel, width, tokens))
+        return {label: (lambda label=label: label) for label in seconds}
+
+    def median(fn, warmup: int, samples: int, calls: int) -> float:
+        assert (warmup, samples, calls) == (1, 3, 2)
+        return seconds[fn()]
+
+    def after_shape() -> None:
+        saved.append(len(json.loads(args.json.read_text())["results"]))
+
+    out = {"results": []}
+    sweep("torch", args, out, 2, cases_of, median, 4000.0, None, after_shape)
+    shapes = [(k, w, t) for k in args.kernels for w in args.widths for t in args.tokens]
+    assert made == shapes
+    assert [(r["kernel"], r["width"], r["tokens"]) for r in out["results"]] == shapes
+    assert saved == list(range(1, len(shapes) + 1))
+    norm = out["results"][1]  # add_rms_norm [4096 x 4096]
+    assert (norm["framework"], norm["dtype"]) == ("torch", "bfloat16")
+    assert norm["bytes"] == bytes_moved("add_rms_norm", 4096, 4096, 2) == (4 * 4096 * 4096 + 4096) * 2
+    assert norm["fused_vs_plain"] == pytest.approx(3.0) and norm["fused_vs_compiled"] == pytest.approx(1.5)
+    assert norm["variants"]["fused"]["gbps"] == pytest.approx(norm["bytes"] / 1e-3 / 1e9)
+    assert norm["variants"]["fused"]["of_peak"] is None  # no spec peak given
+    assert "torch add_rms_norm bfloat16 [4096 x 4096]" in capsys.readouterr().out

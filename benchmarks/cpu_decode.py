@@ -71,12 +71,13 @@ REFERENCE_OPS = "torch_impl/ref-ops"  # torch_impl with its decode steps' norms,
 
 
 def chosen_paths(name: str) -> dict:
-    """The path each product shape took in this process and the seconds choosing cost (our backends only)."""
+    """The path each product shape took in this process, the seconds choosing cost, and the share of the CPUs other
+    processes used meanwhile (None where unknown; our backends only)."""
     if name == "transformers":
-        return {"paths": {}, "choice_cost_s": 0.0}
+        return {"paths": {}, "choice_cost_s": 0.0, "choice_others_busy": None}
     paths = __import__(f"{name.split('/')[0]}.linear", fromlist=["PATHS"]).PATHS
     shapes = {" ".join(map(str, key)): choice.path for key, choice in sorted(paths.chosen().items(), key=str)}
-    return {"paths": shapes, "choice_cost_s": paths.cost()}
+    return {"paths": shapes, "choice_cost_s": paths.cost(), "choice_others_busy": paths.others_busy()}
 
 
 def load_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, new_tokens: int):
@@ -176,6 +177,8 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
         if r["paths"]:
             taken = ", ".join(f"{shape}: {path}" for shape, path in r["paths"].items())
             cost = f"choosing took {r['choice_cost_s']:.2f} s"
+            if r["choice_others_busy"] is not None:
+                cost += f" (other processes used {r['choice_others_busy']:.0%} of the CPUs meanwhile)"
             print(f"  {'':18s} paths (rows in out dtype, bias or layout): {taken}; {cost}")
     return results
 

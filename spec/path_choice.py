@@ -16,6 +16,11 @@ cannot move a product off it alone, and the choice of a process does not change 
 Correctness never depends on the choice: every candidate computes the same product (the backends' tests check
 each path against a float64 product), and `forced(path)` pins one for the calling thread, for tests and for
 side-by-side comparisons. Framework-neutral: the backends supply the timed callables.
+
+A choice is only as good as the moment it was timed in: while another process holds the cores, the paths that run
+on a team of threads can rank last and be left out for the rest of the process. So the share of the CPUs other
+processes used while choosing is measured (spec/cpu_load.py, Linux) and told: `others_busy()`, and a RuntimeWarning
+once it reaches BUSY_SHARE over at least BUSY_MIN_SECONDS of choosing. `clear()` makes every key measure again.
 """
 
 from __future__ import annotations
@@ -24,8 +29,14 @@ import contextlib
 import contextvars
 import threading
 import time
+import warnings
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
+
+from spec.cpu_load import CpuSample, OthersBusy, cpu_sample
+
+BUSY_SHARE = 0.25  # other processes' share of the CPUs while choosing, from which the choice is called into doubt
+BUSY_MIN_SECONDS = 0.5  # of choosing, before that share is judged: the machine's counters tick every ~10 ms
 
 
 @dataclass(frozen=True)
@@ -50,16 +61,21 @@ class PathChoice:
         margin: float = 0.05,
         prune: float = 2.0,
         clock: Callable[[], float] = time.perf_counter,
+        cpu: Callable[[], CpuSample | None] | None = cpu_sample,
     ):
         """`repeats` rounds of one timed pass per candidate after a warm-up, but one round for those that did not
         beat the default by `margin` in the first (all of them, when none did) and for a default `prune` times
-        slower than the fastest; `clock` is the timer (tests pass a fake one)."""
+        slower than the fastest; `clock` is the timer (tests pass a fake one); `cpu` samples the machine's CPU counters
+        around each measurement (None: not measured)."""
         self.name, self.paths, self.repeats, self.margin, self.clock = name, paths, repeats, margin, clock
         self.prune = prune
         self._chosen: dict[Hashable, Choice] = {}
         self._charged = 0.0  # choosing work that belongs to no one key (`charge`)
         self._forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"{name}.forced", default=None)
         self._lock = threading.RLock()
+        self.cpu = cpu
+        self._load = OthersBusy()  # other processes' use of the CPUs while this choice measured
+        self._warned = False
 
     def check(self, path: str) -> str:
         if path not in self.paths:
@@ -106,7 +122,7 @@ class PathChoice:
         return choice.path
 
     def _measure(self, candidates: Callable[[], Mapping[str, Callable[[], object]]]) -> Choice:
-        start = self.clock()
+        start, before = self.clock(), self._sample()
         runs = dict(candidates())
         unknown = set(runs) - set(self.paths)
         if unknown or not runs:
@@ -129,7 +145,33 @@ class PathChoice:
         fastest = min(best, key=best.__getitem__)
         paired = zip(rounds[fastest], rounds[default], strict=False)  # the rounds that timed both (pruned: the first)
         path = fastest if all(f < (1 - self.margin) * d for f, d in paired) else default
-        return Choice(path, best, self.clock() - start)
+        cost = self.clock() - start
+        self._note_load(before, self._sample(), cost)
+        return Choice(path, best, cost)
+
+    def _sample(self) -> CpuSample | None:
+        return None if self.cpu is None else self.cpu()
+
+    def _note_load(self, before: CpuSample | None, after: CpuSample | None, seconds: float) -> None:
+        """Add a measurement's stretch to the CPU use while choosing; warn once when other processes held too much
+        of the machine for the choices to be trusted on a quiet one."""
+        self._load.add(before, after, seconds)
+        share = self._load.share()
+        if self._warned or share is None or share < BUSY_SHARE or self._load.seconds < BUSY_MIN_SECONDS:
+            return
+        self._warned = True
+        warnings.warn(
+            f"{self.name}: paths were chosen while other processes used {share:.0%} of the CPUs; a path that runs "
+            f"on several threads may have timed slower than it runs on a quiet machine, and the choice is kept for "
+            f"the process (PATHS.clear() in {self.name} measures again)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def others_busy(self) -> float | None:
+        """The share of the CPUs other processes used while this choice measured (None: nothing measured, or not
+        Linux)."""
+        return self._load.share()
 
     def _time(self, run: Callable[[], object]) -> float:
         t0 = self.clock()
@@ -153,7 +195,8 @@ class PathChoice:
         return self._charged + sum(choice.cost for choice in self._chosen.values())
 
     def clear(self) -> None:
-        """Forget every choice and the charged cost: the next product of each key measures again."""
+        """Forget every choice, the charged cost and the CPU use: the next product of each key measures again."""
         with self._lock:
             self._chosen.clear()
             self._charged = 0.0
+            self._load, self._warned = OthersBusy(), False

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-if __name__ == "__main__":  # a script's path is its folder (tests/docs): find `tests` from the repository root
+if __name__ == "__main__":  # a script's path is its folder (tests/docs): `tests` and the project from the root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.docs.output_match import output_mismatch
@@ -172,8 +172,7 @@ def _update(path: Path, results: list[dict]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    sys.path.insert(0, str(REPO))  # the script's own directory is tests/docs; the tutorial imports from the root
-    os.chdir(REPO)
+    os.chdir(REPO)  # the tutorial's paths are the repository root's (the import path is set at the top)
     args = [a for a in argv if not a.startswith("--")]
     json_out = argv[argv.index("--json") + 1] if "--json" in argv else None
     if json_out:

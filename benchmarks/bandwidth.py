@@ -8,7 +8,8 @@ the variants taken in turn (interleaved_medians, which benchmarks/gemv_layout.py
 
 A measurement runs in its own process (in_subprocess: `python -m benchmarks.bandwidth --worker machine` or
 `--worker bandwidth`) so that no backend's threads, thread pools or memory are around while it reads; that process
-prints its bandwidths, then one JSON line, which in_subprocess returns.
+prints its bandwidths, then one JSON line, which in_subprocess returns. A Probe (`--serve`) is such a process kept
+for a whole benchmark run, asked for the bandwidth right beside each measurement.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return interleaved_medians({"": fn}, repeats)[""]
 
 
-def matvec_bandwidths(repeats: int) -> dict[str, float]:
-    """Bytes/s of a 1 GiB float32 matrix-vector product (the access pattern of a decode step): torch's `mv`, XLA's
-    dot and, where it was built, the project's own CPU kernel (kernels/cpu/gemv.c), which both backends may choose
-    for a decode step's products: a limit that left out the fastest reader the backends use would not be one."""
+def matvec_readers() -> tuple[dict[str, Callable[[], object]], int]:
+    """A 1 GiB float32 matrix-vector product (the access pattern of a decode step) per reader, and the bytes each
+    reads: torch's `mv`, XLA's dot and, where it was built, the project's own CPU kernel (kernels/cpu/gemv.c), which
+    both backends may choose for a decode step's products: a limit that left out the fastest reader the backends
+    use would not be one."""
     import jax
     import jax.numpy as jnp
     import torch
@@ -62,7 +64,12 @@ def matvec_bandwidths(repeats: int) -> dict[str, float]:
     runs = {"torch": lambda: torch.mv(a, x), "jax": lambda: mv(aj, xj).block_until_ready()}
     if torch_gemv.supports(x[None], a, None):
         runs["kernel"] = lambda: torch_gemv.launch(x[None], a)  # [1, cols] @ a^T
-    nbytes = rows * cols * 4
+    return runs, rows * cols * 4
+
+
+def matvec_bandwidths(repeats: int) -> dict[str, float]:
+    """Bytes/s of each reader of matvec_readers, medians of `repeats` runs taken in turn."""
+    runs, nbytes = matvec_readers()
     return {name: nbytes / t for name, t in interleaved_medians(runs, repeats).items()}
 
 
@@ -98,11 +105,51 @@ def in_subprocess(name: str, args: argparse.Namespace) -> dict:
     return json.loads(lines[-1])
 
 
+def serve(repeats: int) -> None:
+    """The probe of a benchmark's run (Probe): the readers are built once; each line on stdin is answered with one
+    JSON line, the best of their bandwidths, medians of `repeats` runs."""
+    runs, nbytes = matvec_readers()
+    interleaved_medians(runs, 1)  # compilation, first touch of the matrices
+    print(json.dumps({"ready": "probe"}), flush=True)
+    for _ in sys.stdin:
+        rates = {name: nbytes / t for name, t in interleaved_medians(runs, repeats).items()}
+        print(json.dumps({"read_bandwidth": max(rates.values())}), flush=True)
+
+
+class Probe:
+    """The read bandwidth on demand, from a process of its own that holds its matrices for the whole run: a
+    benchmark reads it right beside each measurement, so that a backend's rate is set against the bandwidth of
+    the same minute (these VMs' bandwidth moves by up to 1.5x between minutes, and even between two runs of one
+    process: docs/benchmarks.md)."""
+
+    def __init__(self, repeats: int):
+        cmd = [sys.executable, "-m", "benchmarks.bandwidth", "--serve", "--repeats", str(repeats)]
+        root = Path(__file__).resolve().parents[1]
+        self.proc = subprocess.Popen(cmd, cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        json.loads(self.proc.stdout.readline())  # {"ready": "probe"}
+
+    def read(self) -> float:
+        """Bytes/s: the best reader's median, measured now."""
+        self.proc.stdin.write("read\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())["read_bandwidth"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", required=True, help='"machine" (bandwidth and FLOP/s) or "bandwidth"')
+    parser.add_argument("--worker", help='"machine" (bandwidth and FLOP/s) or "bandwidth"')
+    parser.add_argument("--serve", action="store_true", help="answer each line on stdin with a bandwidth (Probe)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.repeats)
+        return 0
+    if args.worker is None:
+        parser.error("--worker or --serve is required")
     print(json.dumps(worker(args.worker, args)))
     return 0
 

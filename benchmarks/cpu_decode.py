@@ -4,12 +4,13 @@
 One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat16`) with bfloat16 weights:
 - prefill tokens/s for a 128-token prompt and decode tokens/s for 64 new tokens, per backend (medians of
   `--repeats` runs; the three backends load in their own processes, then run in turn, run after run);
-- the machine's read bandwidth (a large float32 matrix-vector product, read before and after the backends)
-  and matmul FLOP/s, each in a process of its own (benchmarks/bandwidth.py);
+- the machine's read bandwidth (a large float32 matrix-vector product, read before and after the backends and
+  right before and after each run) and matmul FLOP/s, each in a process of its own (benchmarks/bandwidth.py);
 - each backend's ratio to transformers, and decode's fraction of the weight-streaming limit
   (read bandwidth / weight bytes per token: every weight is read once per decoded token, 2.38 GB in float32,
   1.19 GB in bfloat16; in the MoE model only the selected experts' weights, 0.21 GB of its 1.54 GB in float32,
-  printed beside the dense equivalent);
+  printed beside the dense equivalent): of the highest bandwidth read in the whole run, and (median over the
+  runs) of each run's own, the mean of the readings beside it;
 - the machine (processor, cores, the flags that decide the fast CPU paths: benchmarks/machine.py), and the
   path each backend's products took per shape with what choosing cost (torch_impl/linear.py,
   jax_impl/linear.py);
@@ -36,10 +37,11 @@ if __package__ in (None, ""):  # run as a file: its own folder would shadow the 
 
 import spec  # noqa: E402
 from benchmarks import machine as machine_info  # noqa: E402
-from benchmarks.bandwidth import in_subprocess  # noqa: E402
+from benchmarks.bandwidth import Probe, in_subprocess  # noqa: E402
 from benchmarks.qwen3_shape import SHAPES, active_parameters, shaped_checkpoint  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+PROBE_REPEATS = 3  # 1 GiB reads per reader per reading beside a run: ~0.3 s, short beside the run it brackets
 
 
 class TokenClock:
@@ -78,6 +80,14 @@ def chosen_paths(name: str) -> dict:
     paths = __import__(f"{name.split('/')[0]}.linear", fromlist=["PATHS"]).PATHS
     shapes = {" ".join(map(str, key)): choice.path for key, choice in sorted(paths.chosen().items(), key=str)}
     return {"paths": shapes, "choice_cost_s": paths.cost(), "choice_others_busy": paths.others_busy()}
+
+
+def fractions(result: dict) -> str:
+    """A backend's decode as fractions of the limits (main says which)."""
+    return (
+        f"{100 * result['decode_fraction_of_limit']:.0f}% of the weight-streaming limit "
+        f"({100 * result['decode_fraction_of_adjacent_limit']:.0f}% of each run's own)"
+    )
 
 
 def load_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, new_tokens: int):
@@ -161,14 +171,20 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
         return json.loads(procs[name].stdout.readline())
 
     runs = {name: [] for name in names}
+    probe = Probe(PROBE_REPEATS)
     for _ in range(args.repeats):
-        for name in names:
-            runs[name].append(ask(name, "run"))
+        reading = probe.read()
+        for name in names:  # each run between two readings of the bandwidth: its own minute's limit
+            run, before, reading = ask(name, "run"), reading, probe.read()
+            runs[name].append({**run, "read_bandwidth": (before + reading) / 2})
+    probe.close()
     results = {}
     for name in names:
         prefill, decode = [r["prefill"] for r in runs[name]], [r["decode"] for r in runs[name]]
         results[name] = {"prefill_tok_s": statistics.median(prefill), "decode_tok_s": statistics.median(decode),
-                         "prefill_runs": prefill, "decode_runs": decode, **ask(name, "paths")}  # fmt: skip
+                         "prefill_runs": prefill, "decode_runs": decode,
+                         "adjacent_read_bandwidths": [r["read_bandwidth"] for r in runs[name]],
+                         **ask(name, "paths")}  # fmt: skip
         procs[name].stdin.close()
         procs[name].wait()
         r = results[name]
@@ -216,39 +232,46 @@ def main(argv: list[str] | None = None) -> int:
     flops = machine["matmul_flops"]
     print(f"  matmul {flops / 1e9:.0f} GFLOP/s, weights {weight_bytes / 1e9:.2f} GB/token")
     results = interleaved_backends(("transformers", "torch_impl", REFERENCE_OPS, "jax_impl"), args)
-    # Read before and after the backends: these VMs' bandwidth drifts by 10-20% within minutes, and a limit
-    # read during a slow spell would put a backend above 100% of it. The higher reading is the limit.
-    readings = [machine["read_bandwidth"], in_subprocess("bandwidth", args)["read_bandwidth"]]
-    bandwidth = max(readings)
+    # Read before and after the backends too. The highest of every reading is the run's limit: a backend set against
+    # it was measured against the machine at its best minute. Each run's own limit is the mean of the readings just
+    # before and after it (Probe): these VMs' bandwidth moves by up to 1.5x within a minute, so that is the fraction of
+    # what the machine could read while the backend ran.
+    ends = [machine["read_bandwidth"], in_subprocess("bandwidth", args)["read_bandwidth"]]
+    adjacent = [bw for name in results for bw in results[name]["adjacent_read_bandwidths"]]
+    bandwidth = max(ends + adjacent)
     limit = bandwidth / weight_bytes
     print(
-        f"  read bandwidth {' / '.join(f'{r / 1e9:.1f}' for r in readings)} GB/s (before / after the backends), "
-        f"the higher -> decode limit {limit:.2f} tok/s"
+        f"  read bandwidth {' / '.join(f'{r / 1e9:.1f}' for r in ends)} GB/s (before / after the backends), "
+        f"{min(adjacent) / 1e9:.1f}-{max(adjacent) / 1e9:.1f} GB/s beside the runs; the highest -> decode limit "
+        f"{limit:.2f} tok/s"
     )
+    for name in results:
+        r = results[name]
+        r["decode_fraction_of_limit"] = r["decode_tok_s"] / limit
+        r["decode_fraction_of_adjacent_limit"] = statistics.median(
+            rate * weight_bytes / bw for rate, bw in zip(r["decode_runs"], r["adjacent_read_bandwidths"], strict=True)
+        )
     base = results["transformers"]
     for name in ("torch_impl", "jax_impl"):
         r = results[name]
         r["prefill_ratio"] = r["prefill_tok_s"] / base["prefill_tok_s"]
         r["decode_ratio"] = r["decode_tok_s"] / base["decode_tok_s"]
-        r["decode_fraction_of_limit"] = r["decode_tok_s"] / limit
         print(
             f"  {name:18s} prefill x{r['prefill_ratio']:.2f}  decode x{r['decode_ratio']:.2f} of transformers, "
-            f"decode at {100 * r['decode_fraction_of_limit']:.0f}% of the weight-streaming limit"
+            f"decode at {fractions(r)}"
         )
     ref_ops = results[REFERENCE_OPS]
-    ref_ops["decode_fraction_of_limit"] = ref_ops["decode_tok_s"] / limit
     print(
         f"  torch_impl's decode-step operators in C (kernels/cpu/decode_ops.c): decode "
         f"x{results['torch_impl']['decode_tok_s'] / ref_ops['decode_tok_s']:.2f} over the same model on the reference "
-        f"operators ({100 * ref_ops['decode_fraction_of_limit']:.0f}% of the limit)"
+        f"operators ({fractions(ref_ops)})"
     )
-    base["decode_fraction_of_limit"] = base["decode_tok_s"] / limit
-    print(f"  transformers  decode at {100 * base['decode_fraction_of_limit']:.0f}% of the weight-streaming limit")
+    print(f"  transformers  decode at {fractions(base)}")
     results["machine"] = {
         **machine_info.describe(),
         "dtype": args.dtype,
         "read_bandwidth_gb_s": bandwidth / 1e9,
-        "read_bandwidth_readings_gb_s": [r / 1e9 for r in readings],
+        "read_bandwidth_readings_gb_s": [r / 1e9 for r in ends],
         "matmul_gflop_s": flops / 1e9,
         "model": args.model,
         "weight_bytes_per_token": weight_bytes,

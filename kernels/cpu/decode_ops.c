@@ -146,14 +146,16 @@ DEFINE_ROTARY(rotary_bf16, uint16_t, ld_bf16, st_bf16)
 /* out[u] = sum_i a[i] * row_u[i] (i < len) for the n <= 8 rows row_u = first + u * stride: summed in 8 lanes, then
  * across them (sums8), then the tail. Eight rows at a time, so that eight independent sums fill the pipeline
  * instead of one waiting on itself; a block short of eight repeats its last row (those sums are dropped), so the
- * loop over the rows has a fixed count and the accumulators stay in registers. A prefetch never faults, so the
- * rows fetched ahead may run past the operand's end. */
+ * loop over the rows has a fixed count and the accumulators stay in registers. `fetch`: fetch the rows four blocks
+ * on (only the first of several calls over the same rows asks: the others would fetch what is on its way). A
+ * prefetch never faults, so the rows fetched ahead may run past the operand's end. */
 #define DEFINE_DOTS8(NAME, T, LD, LD8)                                                                        \
-    static inline void NAME(const float *a, const T *first, long stride, long n, long len, float *out) {     \
+    static inline void NAME(const float *a, const T *first, long stride, long n, long len, float *out,       \
+                            int fetch) {                                                                     \
         const T *row[8];                                                                                     \
         for (long u = 0; u < 8; u++) row[u] = first + (u < n ? u : n - 1) * stride;                          \
-        for (long u = 0; u < 8; u++) /* rows four blocks on, fetched while this block is summed: the */      \
-            for (long b = 0; b < len * (long)sizeof(T); b += 64) /* cache's own prefetch misses them */      \
+        for (long u = 0; fetch && u < 8; u++) /* rows four blocks on, fetched while this block is summed: */ \
+            for (long b = 0; b < len * (long)sizeof(T); b += 64) /* the cache's own prefetch misses them */  \
                 _mm_prefetch((const char *)(first + (32 + u) * stride) + b, _MM_HINT_T0);                    \
         __m256 acc[8];                                                                                       \
         for (long u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();                                           \
@@ -220,7 +222,7 @@ static void softmax_tail(float *p, long n, float top) {
         for (long j = 0; j < g * d; j++) qf[j] = LD(q + (t * n_kv + kv) * g * d, j);                        \
         for (long s0 = 0; s0 < keys; s0 += 8) /* q . k for keys s0 .. s0 + 7, every query of the group */   \
             for (long j = 0; j < g; j++)      /* while those keys are in L1 */                              \
-                DOTS8(qf + j * d, kh + s0 * d, d, keys - s0 < 8 ? keys - s0 : 8, d, p + j * keys + s0);      \
+                DOTS8(qf + j * d, kh + s0 * d, d, keys - s0 < 8 ? keys - s0 : 8, d, p + j * keys + s0, !j); \
         for (long j = 0; j < g; j++) {                                                                       \
             float *pj = p + j * keys, top = -INFINITY;                                                       \
             for (long s = 0; s < keys; s++) {                                                                \
@@ -237,7 +239,7 @@ static void softmax_tail(float *p, long n, float top) {
             for (long j = 0; j < g; j++) {                                                                   \
                 float sums[8];                                                                               \
                 T *o = out + ((t * n_kv + kv) * g + j) * d;                                                  \
-                DOTS8(p + j * keys, vh + i0 * v_row, v_row, n, keys, sums);                                  \
+                DOTS8(p + j * keys, vh + i0 * v_row, v_row, n, keys, sums, !j);                             \
                 for (long u = 0; u < n; u++) ST(o, i0 + u, sums[u]);                                         \
             }                                                                                                \
         }                                                                                                    \

@@ -119,8 +119,7 @@ def serve(repeats: int) -> None:
 class Probe:
     """The read bandwidth on demand, from a process of its own that holds its matrices for the whole run: a
     benchmark reads it right beside each measurement, so that a backend's rate is set against the bandwidth of
-    the same minute (these VMs' bandwidth moves by up to 1.5x between minutes, and even between two runs of one
-    process: docs/benchmarks.md)."""
+    the same minute (these VMs' read rate moves between ~25 and ~46 GB/s within seconds: docs/benchmarks.md)."""
 
     def __init__(self, repeats: int):
         cmd = [sys.executable, "-m", "benchmarks.bandwidth", "--serve", "--repeats", str(repeats)]

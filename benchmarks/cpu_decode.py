@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     results = interleaved_backends(("transformers", "torch_impl", REFERENCE_OPS, "jax_impl"), args)
     # Read before and after the backends too. The highest of every reading is the run's limit: a backend set against
     # it was measured against the machine at its best minute. Each run's own limit is the mean of the readings just
-    # before and after it (Probe): these VMs' bandwidth moves by up to 1.5x within a minute, so that is the fraction of
-    # what the machine could read while the backend ran.
+    # before and after it (Probe): these VMs' read rate moves by nearly 2x within a minute (docs/benchmarks.md), so that
+    # is the fraction of what the machine could read while the backend ran.
     ends = [machine["read_bandwidth"], in_subprocess("bandwidth", args)["read_bandwidth"]]
     adjacent = [bw for name in results for bw in results[name]["adjacent_read_bandwidths"]]
     bandwidth = max(ends + adjacent)
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  torch_impl's decode-step operators in C (kernels/cpu/decode_ops.c): decode "
         f"x{results['torch_impl']['decode_tok_s'] / ref_ops['decode_tok_s']:.2f} over the same model on the reference "
-        f"operators ({fractions(ref_ops)})"
+        f"operators, which decode at {fractions(ref_ops)}"
     )
     print(f"  transformers  decode at {fractions(base)}")
     results["machine"] = {

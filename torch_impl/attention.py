@@ -21,7 +21,7 @@ from torch import nn
 
 from kernels.cpu import torch_decode_ops
 from spec import ModelSpec
-from torch_impl.layernorm import make_norm
+from torch_impl.layernorm import RMSNorm, make_norm
 from torch_impl.rotary_embedding import apply_rotary
 from torch_impl.tensor_parallel import column_linear, row_linear
 
@@ -110,10 +110,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = self._project(x)  # [B, T, n, d], [B, T, n_kv, d], [B, T, n_kv, d]
-        if self.q_norm is not None and not self.projection_norm:
-            # per head: with tp > 1 each rank's heads give part of the weights' gradient
-            q, k = self.q_norm(q, group=self.group), self.k_norm(k, group=self.group)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = self._norm_and_rotate(q, k, cos, sin)
         if trace is not None:
             trace[f"layers.{self.layer_idx}.attn.q"] = q
             trace[f"layers.{self.layer_idx}.attn.k"] = k
@@ -122,6 +119,28 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer_idx, k, v)  # [B, n_kv, S, d], [B, n_kv, d, S]: cached (or ring) + new
         out = attend(group_heads(q, self.num_kv_heads), k, v, mask, self.scale, self.softcap)  # [B, T, n_kv, g, d]
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))  # [B, T, H]
+
+    def _norm_and_rotate(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head q/k norms (where the spec has them), then RoPE; in a CPU decode step, all four in one C call."""
+        per_head = self.q_norm is not None and not self.projection_norm
+        if per_head and self._one_call(q, k):
+            qn, kn = self.q_norm, self.k_norm  # one spec built both: the same eps and options
+            return torch_decode_ops.norm_rotary(q, k, qn.weight, kn.weight, qn.eps, cos, sin, **qn.options)
+        if per_head:  # with tp > 1 each rank's heads give part of the weights' gradient
+            q, k = self.q_norm(q, group=self.group), self.k_norm(k, group=self.group)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+    def _one_call(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether the norms and RoPE run as torch_decode_ops.norm_rotary: RMSNorms on the reference path (not the
+        Triton kernel) over this process's own heads, where the decode-step rule (`takes`) holds."""
+        return (
+            self.group is None
+            and isinstance(self.q_norm, RMSNorm)
+            and self.q_norm.kernels == "reference"
+            and torch_decode_ops.takes(q, k, self.q_norm.weight, self.k_norm.weight)
+        )
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of x [B, T, H] as heads; a projection-scope q/k norm is applied here, before the view."""

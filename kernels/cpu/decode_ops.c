@@ -1,7 +1,7 @@
-/* The small per-token operators of a decode step, one call each: add+RMSNorm, rotate-half RoPE, grouped attention over
- * a KV cache and SwiGLU's activation. At a decode step's few rows each of these is a handful of elements per operator,
- * and its cost in eager PyTorch is the 5-10 dispatches it takes (and the caches the weight stream has just flushed),
- * not the arithmetic; one call does the same arithmetic once. torch_impl takes them only in its generation's CPU
+/* The small per-token operators of a decode step, one call each: add+RMSNorm, rotate-half RoPE (and the per-head q/k
+ * norms with it), grouped attention over a KV cache and SwiGLU's activation. At a decode step's few rows each of these
+ * is a handful of elements per operator, and its cost in eager PyTorch is the 5-10 dispatches it takes (and the
+ * caches the weight stream has just flushed), not the arithmetic; one call does the same arithmetic once. torch_impl takes them only in its generation's CPU
  * decode steps (kernels/cpu/torch_decode_ops.py), jax_impl the attention there (kernels/cpu/jax_decode_ops.py through
  * decode_ops_ffi.cc: XLA fuses the others itself, but attends over every slot of its preallocated cache); their math
  * is kernels/triton/reference.py's add_rms_norm_reference and silu_and_mul_reference, torch_impl/rotary_embedding.py's
@@ -142,6 +142,23 @@ DEFINE_NORM(add_rms_norm_bf16, uint16_t, ld_bf16, st_bf16, rnd_bf16)
     }
 DEFINE_ROTARY(rotary_f32, float, ld_f32, st_f32)
 DEFINE_ROTARY(rotary_bf16, uint16_t, ld_bf16, st_bf16)
+
+/* Qwen3's q/k step before attention: each head of q [rows, nq, d] and of k [rows, nk, d] normed over d (NAME's norm,
+ * no residual, its own weight) and then rotated by apply_rotary: exactly the two calls in turn, the normed heads
+ * rounded to T between them as the reference rounds them, in one call instead of four. */
+#define DEFINE_NORM_ROTARY(NAME, T, NORM, ROTARY)                                                             \
+    void NAME(const T *q, const T *k, const T *wq, const T *wk, const float *cos, const float *sin, T *q_out,  \
+              T *k_out, long rows, long nq, long nk, long d, long r, float eps, float offset, int float32_weight) { \
+        T *normed = malloc(sizeof(T) * rows * (nq > nk ? nq : nk) * d);                                      \
+        if (!normed) abort();                                                                                \
+        NORM(q, NULL, wq, normed, NULL, rows * nq, d, eps, offset, float32_weight);                          \
+        ROTARY(normed, cos, sin, q_out, rows, nq, d, r);                                                     \
+        NORM(k, NULL, wk, normed, NULL, rows * nk, d, eps, offset, float32_weight);                          \
+        ROTARY(normed, cos, sin, k_out, rows, nk, d, r);                                                     \
+        free(normed);                                                                                        \
+    }
+DEFINE_NORM_ROTARY(norm_rotary_f32, float, add_rms_norm_f32, rotary_f32)
+DEFINE_NORM_ROTARY(norm_rotary_bf16, uint16_t, add_rms_norm_bf16, rotary_bf16)
 
 /* out[u] = sum_i a[i] * row_u[i] (i < len) for the n <= 8 rows row_u = first + u * stride: summed in 8 lanes, then
  * across them (sums8), then the tail. Eight rows at a time, so that eight independent sums fill the pipeline

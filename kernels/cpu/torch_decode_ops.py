@@ -1,7 +1,7 @@
 """PyTorch launcher of a decode step's small operators (kernels/cpu/decode_ops.c): `add_rms_norm`, `rotary`,
-`attend` and `silu_and_mul`, each with its reference's contract (kernels/triton/reference.py's
-add_rms_norm_reference and silu_and_mul_reference, torch_impl/rotary_embedding.py's apply_rotary,
-torch_impl/attention.py's attend): the same arguments, shapes, dtypes and roundings.
+`norm_rotary` (the two in turn on q and k), `attend` and `silu_and_mul`, each with its reference's contract
+(kernels/triton/reference.py's add_rms_norm_reference and silu_and_mul_reference, torch_impl/rotary_embedding.py's
+apply_rotary, torch_impl/attention.py's attend): the same arguments, shapes, dtypes and roundings.
 
 At a decode step's few token rows these operators are dispatch-bound: each is 5-10 eager operators of a few
 microseconds on a few thousand elements. torch_impl's layers call one of these instead where `takes` holds, a
@@ -33,6 +33,7 @@ _SIGNATURES = {
     "rotary": [_P, _P, _P, _P, _L, _L, _L, _L],
     "attend": [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F, _F],
     "silu_and_mul": [_P, _P, _L, _L],
+    "norm_rotary": [_P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _F, _F, _I],
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _DECODING = Switch("torch_decode_ops.decoding")
@@ -157,6 +158,44 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     out = torch.empty_like(x)
     _functions()["rotary", x.dtype](x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), b * t, n, d, r)
     return out
+
+
+def norm_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    offset: float = 0.0,
+    float32_weight: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotary(add_rms_norm(q, None, q_weight, eps, ...), cos, sin) and the same for k with k_weight, in one call:
+    q [B, T, n, d], k [B, T, n_kv, d], the weights [d] (a per-head norm: Qwen3's q/k norms), cos and sin
+    [B, T, r] float32."""
+    check_add_rms_norm_args(q, None, q_weight, eps, op="norm_rotary")  # the norm's own checks, for q and for k
+    check_add_rms_norm_args(k, None, k_weight, eps, op="norm_rotary")
+    _same("norm_rotary", q, k, q_weight, k_weight)
+    if q.dim() != 4 or k.dim() != 4 or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
+        got = f"q {tuple(q.shape)}, k {tuple(k.shape)}"
+        raise _refuse("norm_rotary", f"needs q [B, T, n, d] and k [B, T, n_kv, d]; got {got}")
+    b, t, n, d = q.shape
+    r = cos.shape[-1]
+    if cos.shape != (b, t, r) or sin.shape != cos.shape or r % 2 or r > d:
+        got = f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}"
+        raise _refuse("norm_rotary", f"q {tuple(q.shape)} needs cos, sin [{b}, {t}, r], r even, r <= {d}; got {got}")
+    if cos.dtype is not torch.float32 or sin.dtype is not torch.float32:
+        raise _refuse("norm_rotary", f"cos and sin must be float32, got {cos.dtype} and {sin.dtype}")
+    q, k, cos, sin = q.contiguous(), k.contiguous(), cos.contiguous(), sin.contiguous()
+    q_weight, k_weight = q_weight.contiguous(), k_weight.contiguous()
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    _functions()["norm_rotary", q.dtype](
+        q.data_ptr(), k.data_ptr(), q_weight.data_ptr(), k_weight.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        q_out.data_ptr(), k_out.data_ptr(), b * t, n, k.shape[2], d, r, eps, offset, float32_weight,
+    )  # fmt: skip
+    return q_out, k_out
 
 
 def attend(

@@ -121,6 +121,36 @@ def test_rotary_matches_the_reference(dtype, heads, head_dim, rotary):
     assert_within_tolerance(numpy(out), numpy(ref), "rotary", name(dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "kv_heads", "d", "rotary"), [(16, 8, 128, 128), (3, 1, 10, 10), (5, 5, 24, 8)])
+@pytest.mark.parametrize("options", NORM_OPTIONS, ids=["plain", "offset", "f32_weight", "gemma"])
+def test_norm_rotary_is_the_norm_then_the_rotation(dtype, heads, kv_heads, d, rotary, options):
+    """Qwen3's q/k step in one call: bit for bit the two operators in turn (each held to its reference above), on
+    strided q and k (views of one projection) and a partial rotation."""
+    qkv = randn(2, 1, heads + 2 * kv_heads, d, dtype=dtype, seed=heads, scale=2.0)
+    q, k = qkv[:, :, :heads], qkv[:, :, heads : heads + kv_heads]
+    wq = randn(d, dtype=dtype, seed=heads + 1, scale=0.5) + 1
+    wk = randn(d, dtype=dtype, seed=heads + 2, scale=0.5) + 1
+    cos, sin = rope(2, rotary)
+    with torch.inference_mode():
+        q_out, k_out = torch_decode_ops.norm_rotary(q, k, wq, wk, 1e-6, cos, sin, **options)
+        q_two = torch_decode_ops.rotary(torch_decode_ops.add_rms_norm(q, None, wq, 1e-6, **options), cos, sin)
+        k_two = torch_decode_ops.rotary(torch_decode_ops.add_rms_norm(k, None, wk, 1e-6, **options), cos, sin)
+    assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.dtype == dtype
+    assert torch.equal(q_out, q_two) and torch.equal(k_out, k_two)
+
+
+def test_norm_rotary_known_answer():
+    """One head [3, 4], eps 0 and weight 1: normed [0.8485, 1.1314]; at angle pi/2 (cos 0, sin 1) the rotate-half
+    pair (a, b) becomes (-b, a)."""
+    x = torch.tensor([[[[3.0, 4.0]]]])  # [1, 1, 1, 2]
+    cos, sin = torch.zeros(1, 1, 2), torch.ones(1, 1, 2)
+    with torch.inference_mode():
+        q, k = torch_decode_ops.norm_rotary(x, x, torch.ones(2), torch.ones(2), 1e-12, cos, sin)
+    np.testing.assert_allclose(q.numpy()[0, 0, 0], [-1.1314, 0.8485], atol=1e-4)
+    assert torch.equal(q, k)
+
+
 def cache_views(b: int, n_kv: int, d: int, keys: int, dtype: torch.dtype, seed: int):
     """Keys [B, n_kv, S, d] and values [B, n_kv, d, S] as the KV cache hands them out: views of longer buffers."""
     k = randn(b, n_kv, keys + 5, d, dtype=dtype, seed=seed, scale=2.0)
@@ -211,6 +241,13 @@ def test_bad_operands_name_the_problem():
             torch_decode_ops.add_rms_norm(torch.zeros(1, 1, 64), None, torch.ones(64), 0.0)
         with pytest.raises(ValueError, match="r even"):
             torch_decode_ops.rotary(torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 9), torch.zeros(1, 1, 9))
+        heads, cos = torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 8)
+        with pytest.raises(ValueError, match=r"norm_rotary: weight has shape \(7,\), expected \(8,\)"):
+            torch_decode_ops.norm_rotary(heads, heads, torch.ones(8), torch.ones(7), 1e-6, cos, cos)
+        with pytest.raises(ValueError, match=r"needs q \[B, T, n, d\] and k \[B, T, n_kv, d\]"):
+            torch_decode_ops.norm_rotary(heads, torch.zeros(2, 1, 2, 8), torch.ones(8), torch.ones(8), 1e-6, cos, cos)
+        with pytest.raises(ValueError, match="cos and sin must be float32"):
+            torch_decode_ops.norm_rotary(heads, heads, torch.ones(8), torch.ones(8), 1e-6, cos.double(), cos.double())
         q = torch.zeros(1, 1, 2, 1, 8)
         with pytest.raises(ValueError, match=r"mask \[1, 1, S\] bool"):
             torch_decode_ops.attend(q, torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 8, 3), torch.ones(1, 1, 3), 1.0)
@@ -228,7 +265,7 @@ def test_generation_through_the_kernels_equals_the_reference(tmp_path):
 
     model = torch_impl.from_pretrained(spec.default_checkpoint(tmp_path))
     prompt = [[5, 9, 200, 17], [3, 1, 4, 1]]
-    calls = {"attend": 0, "silu_and_mul": 0}
+    calls = {"attend": 0, "silu_and_mul": 0, "norm_rotary": 0}
     table = torch_decode_ops._functions()
     launches = {op: table[op, torch.float32] for op in calls}
 
@@ -249,6 +286,7 @@ def test_generation_through_the_kernels_equals_the_reference(tmp_path):
     layers = model.spec.num_hidden_layers
     assert calls["attend"] == 7 * layers * len(prompt)  # 7 decode steps, every layer, each row
     assert calls["silu_and_mul"] == 7 * layers  # one call for the step's rows
+    assert model.spec.qk_norm and calls["norm_rotary"] == 7 * layers  # the q/k norms and RoPE: one call
     # the suite's rule for greedy runs of two correct float32 paths: identical tokens, except from a near-tie on
     assert_same_greedy({"reference": ref.tokens, "kernels": fast.tokens}, ref.logits)
     differs = np.flatnonzero((np.array(ref.tokens) != np.array(fast.tokens)).any(axis=0))  # steps where a row split

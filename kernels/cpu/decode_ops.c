@@ -1,13 +1,13 @@
 /* The small per-token operators of a decode step, one call each: add+RMSNorm, rotate-half RoPE (and the per-head q/k
  * norms with it), grouped attention over a KV cache and SwiGLU's activation. At a decode step's few rows each of these
- * is a handful of elements per operator, and its cost in eager PyTorch is the 5-10 dispatches it takes (and the
- * caches the weight stream has just flushed), not the arithmetic; one call does the same arithmetic once. torch_impl takes them only in its generation's CPU
- * decode steps (kernels/cpu/torch_decode_ops.py), jax_impl the attention there (kernels/cpu/jax_decode_ops.py through
- * decode_ops_ffi.cc: XLA fuses the others itself, but attends over every slot of its preallocated cache); their math
- * is kernels/triton/reference.py's add_rms_norm_reference and silu_and_mul_reference, torch_impl/rotary_embedding.py's
- * apply_rotary and torch_impl/attention.py's attend (jax_impl/attention.py's), which the tests hold them to. exp is
- * exp8's, eight lanes at a time: a scalar expf lost to torch's vectorized one at these sizes. Built and loaded by
- * kernels/cpu/build.py.
+ * is a handful of elements per operator, and its cost in eager PyTorch is the 5-10 dispatches it takes (and the caches
+ * the weight stream has just flushed), not the arithmetic; one call does the same arithmetic once. torch_impl takes
+ * them only in its generation's CPU decode steps (kernels/cpu/torch_decode_ops.py), jax_impl the attention there
+ * (kernels/cpu/jax_decode_ops.py through decode_ops_ffi.cc: XLA fuses the others itself, but attends over every slot of
+ * its preallocated cache); their math is kernels/triton/reference.py's add_rms_norm_reference and
+ * silu_and_mul_reference, torch_impl/rotary_embedding.py's apply_rotary and torch_impl/attention.py's attend
+ * (jax_impl/attention.py's), which the tests hold them to. exp is exp8's, eight lanes at a time: a scalar expf lost to
+ * torch's vectorized one at these sizes. Built and loaded by kernels/cpu/build.py.
  *
  * Storage float32 or bfloat16 (NAME_f32 / NAME_bf16), compute float32, each result rounded once where the
  * reference rounds it (bfloat16: round to nearest even, as torch rounds). Built with -ffp-contract=off, so that

@@ -144,16 +144,23 @@ def add_rms_norm(
     return out if new is None else (out, new)
 
 
+def _rotated_dims(op: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> int:
+    """The r rotated dims of x [B, T, n, d]: cos and sin must be [B, T, r] float32 with r even, r <= d."""
+    b, t, _, d = x.shape
+    r = cos.shape[-1]
+    if cos.shape != (b, t, r) or sin.shape != cos.shape or r % 2 or r > d:
+        got = f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}"
+        raise _refuse(op, f"x {tuple(x.shape)} needs cos, sin [{b}, {t}, r] with r even, r <= {d}; got {got}")
+    if cos.dtype is not torch.float32 or sin.dtype is not torch.float32:
+        raise _refuse(op, f"cos and sin must be float32, got {cos.dtype} and {sin.dtype}")
+    return r
+
+
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """apply_rotary's result: x [B, T, n, d] with cos, sin [B, T, r] float32 (r even, r <= d)."""
     _same("rotary", x)
     b, t, n, d = x.shape
-    r = cos.shape[-1]
-    if cos.shape != (b, t, r) or sin.shape != cos.shape or r % 2 or r > d:
-        got = f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}"
-        raise _refuse("rotary", f"x {tuple(x.shape)} needs cos, sin [{b}, {t}, r] with r even, r <= {d}; got {got}")
-    if cos.dtype is not torch.float32 or sin.dtype is not torch.float32:
-        raise _refuse("rotary", f"cos and sin must be float32, got {cos.dtype} and {sin.dtype}")
+    r = _rotated_dims("rotary", x, cos, sin)
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
     out = torch.empty_like(x)
     _functions()["rotary", x.dtype](x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), b * t, n, d, r)
@@ -182,12 +189,7 @@ def norm_rotary(
         got = f"q {tuple(q.shape)}, k {tuple(k.shape)}"
         raise _refuse("norm_rotary", f"needs q [B, T, n, d] and k [B, T, n_kv, d]; got {got}")
     b, t, n, d = q.shape
-    r = cos.shape[-1]
-    if cos.shape != (b, t, r) or sin.shape != cos.shape or r % 2 or r > d:
-        got = f"cos {tuple(cos.shape)}, sin {tuple(sin.shape)}"
-        raise _refuse("norm_rotary", f"q {tuple(q.shape)} needs cos, sin [{b}, {t}, r], r even, r <= {d}; got {got}")
-    if cos.dtype is not torch.float32 or sin.dtype is not torch.float32:
-        raise _refuse("norm_rotary", f"cos and sin must be float32, got {cos.dtype} and {sin.dtype}")
+    r = _rotated_dims("norm_rotary", q, cos, sin)
     q, k, cos, sin = q.contiguous(), k.contiguous(), cos.contiguous(), sin.contiguous()
     q_weight, k_weight = q_weight.contiguous(), k_weight.contiguous()
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)

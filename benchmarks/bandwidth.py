@@ -26,6 +26,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from benchmarks.worker import ROOT, Worker  # noqa: E402
+
 
 def interleaved_medians(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Median seconds of each run, the runs taken in turn: a drift in the machine's bandwidth (these VMs
@@ -98,8 +100,7 @@ def worker(name: str, args: argparse.Namespace) -> dict:
 def in_subprocess(name: str, args: argparse.Namespace) -> dict:
     """A machine measurement in its own process, so that no backend's threads or memory are around."""
     cmd = [sys.executable, "-m", "benchmarks.bandwidth", "--worker", name, "--repeats", str(args.repeats)]
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run(cmd, cwd=root, stdout=subprocess.PIPE, text=True, check=True)
+    out = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True)
     lines = out.stdout.strip().splitlines()
     print("\n".join(lines[:-1]), flush=True)
     return json.loads(lines[-1])
@@ -116,26 +117,17 @@ def serve(repeats: int) -> None:
         print(json.dumps({"read_bandwidth": max(rates.values())}), flush=True)
 
 
-class Probe:
+class Probe(Worker):
     """The read bandwidth on demand, from a process of its own that holds its matrices for the whole run: a
     benchmark reads it right beside each measurement, so that a backend's rate is set against the bandwidth of
     the same minute (these VMs' read rate moves between ~25 and ~46 GB/s within seconds: docs/benchmarks.md)."""
 
     def __init__(self, repeats: int):
-        cmd = [sys.executable, "-m", "benchmarks.bandwidth", "--serve", "--repeats", str(repeats)]
-        root = Path(__file__).resolve().parents[1]
-        self.proc = subprocess.Popen(cmd, cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        json.loads(self.proc.stdout.readline())  # {"ready": "probe"}
+        super().__init__(["-m", "benchmarks.bandwidth", "--serve", "--repeats", str(repeats)])
 
     def read(self) -> float:
         """Bytes/s: the best reader's median, measured now."""
-        self.proc.stdin.write("read\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())["read_bandwidth"]
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
+        return self.ask("read")["read_bandwidth"]
 
 
 def main(argv: list[str] | None = None) -> int:

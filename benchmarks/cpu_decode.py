@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ import spec  # noqa: E402
 from benchmarks import machine as machine_info  # noqa: E402
 from benchmarks.bandwidth import Probe, in_subprocess  # noqa: E402
 from benchmarks.qwen3_shape import SHAPES, active_parameters, shaped_checkpoint  # noqa: E402
+from benchmarks.worker import Worker  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 PROBE_REPEATS = 3  # 1 GiB reads per reader per reading beside a run: ~0.3 s, short beside the run it brackets
@@ -157,25 +157,15 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
     """Every backend in its own process (torch's OpenMP threads and XLA's thread pool never share the cores),
     all loaded first, then measured in turn, run after run: a drift in the machine's speed (these VMs drift by
     10-20% within minutes) hits every backend alike, so their ratios hold within one run of this script."""
-    cmd = [sys.executable, "-m", "benchmarks.cpu_decode", "--prompt-len", str(args.prompt_len),
-           "--new-tokens", str(args.new_tokens), "--dtype", args.dtype, "--model", args.model, "--serve"]  # fmt: skip
-    root = Path(__file__).resolve().parents[1]
-    procs = {}
-    for name in names:  # loaded one after another: no two loads share the cores
-        procs[name] = subprocess.Popen([*cmd, name], cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        json.loads(procs[name].stdout.readline())  # {"ready": name}
-
-    def ask(name: str, command: str) -> dict:
-        procs[name].stdin.write(command + "\n")
-        procs[name].stdin.flush()
-        return json.loads(procs[name].stdout.readline())
-
+    cmd = ["-m", "benchmarks.cpu_decode", "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
+           "--dtype", args.dtype, "--model", args.model, "--serve"]  # fmt: skip
+    workers = {name: Worker([*cmd, name]) for name in names}  # loaded one after another: no two loads share the cores
     runs = {name: [] for name in names}
     probe = Probe(PROBE_REPEATS)
     for _ in range(args.repeats):
         reading = probe.read()
         for name in names:  # each run between two readings of the bandwidth: its own minute's limit
-            run, before, reading = ask(name, "run"), reading, probe.read()
+            run, before, reading = workers[name].ask("run"), reading, probe.read()
             runs[name].append({**run, "read_bandwidth": (before + reading) / 2})
     probe.close()
     results = {}
@@ -184,9 +174,8 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
         results[name] = {"prefill_tok_s": statistics.median(prefill), "decode_tok_s": statistics.median(decode),
                          "prefill_runs": prefill, "decode_runs": decode,
                          "adjacent_read_bandwidths": [r["read_bandwidth"] for r in runs[name]],
-                         **ask(name, "paths")}  # fmt: skip
-        procs[name].stdin.close()
-        procs[name].wait()
+                         **workers[name].ask("paths")}  # fmt: skip
+        workers[name].close()
         r = results[name]
         print(f"  {name:18s} prefill {r['prefill_tok_s']:8.1f} tok/s   decode {r['decode_tok_s']:6.2f} tok/s "
               f"(runs: decode {', '.join(f'{d:.2f}' for d in decode)})")  # fmt: skip

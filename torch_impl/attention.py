@@ -8,7 +8,9 @@ i.e. repeat_interleave, done as a reshape of the queries so the keys and values 
 scaled by spec.attention_scale, soft-capped (Gemma 2), softmax in float32; an o_proj bias (GPT-NeoX) added once.
 The layer's window comes in through its mask (the model builds one per layer kind). An optional KV cache
 receives this step's keys and values and returns the ones to attend over: every cached one, or on a sliding
-layer its ring of the window's slots and this step's (kv_cache.py; the mask follows their slots).
+layer its ring of the window's slots and this step's (kv_cache.py; the mask follows their slots). In a CPU decode
+step the per-head q/k norms with RoPE, and the attention, are one C call each (kernels/cpu/torch_decode_ops.py, the
+same math); jax_impl takes only the attention's (XLA fuses the rest of its step).
 """
 
 from __future__ import annotations

@@ -145,12 +145,29 @@ def serve(name: str, args: argparse.Namespace) -> None:
     directory = shaped_checkpoint(args.model, args.dtype)
     vocab = spec.ModelSpec.from_pretrained(directory).vocab_size
     prompt = np.random.default_rng(0).integers(0, vocab, (1, args.prompt_len))
+    cache = args.jax_compilation_cache if name == "jax_impl" else None
+    entries = use_jax_compilation_cache(cache) if cache else None
     rates = load_backend(name, directory, args.dtype, prompt, args.new_tokens)
+    start = time.perf_counter()
     rates()  # warm-up: compilation, the choice of paths, allocator, caches
-    print(json.dumps({"ready": name}), flush=True)
+    first = time.perf_counter() - start
+    print(json.dumps({"ready": name, "first_run_s": first, "compilation_cache_entries": entries}), flush=True)
     for command in sys.stdin:
         reply = rates() if command.strip() == "run" else chosen_paths(name)
         print(json.dumps(reply), flush=True)
+
+
+def use_jax_compilation_cache(directory: Path) -> int:
+    """Turn on JAX's persistent compilation cache at `directory` for this process, every program included (JAX's
+    defaults leave out programs that compile in under a second: the decode steps' products' timing programs are all
+    such); return the entries it held before."""
+    import jax
+
+    directory.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return sum(1 for _ in directory.iterdir())
 
 
 def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> dict[str, dict]:
@@ -158,7 +175,10 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
     all loaded first, then measured in turn, run after run: a drift in the machine's speed (these VMs drift by
     10-20% within minutes) hits every backend alike, so their ratios hold within one run of this script."""
     cmd = ["-m", "benchmarks.cpu_decode", "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
-           "--dtype", args.dtype, "--model", args.model, "--serve"]  # fmt: skip
+           "--dtype", args.dtype, "--model", args.model]  # fmt: skip
+    if args.jax_compilation_cache:
+        cmd += ["--jax-compilation-cache", str(args.jax_compilation_cache.resolve())]
+    cmd.append("--serve")
     workers = {name: Worker([*cmd, name]) for name in names}  # loaded one after another: no two loads share the cores
     runs = {name: [] for name in names}
     probe = Probe(PROBE_REPEATS)
@@ -171,9 +191,12 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
     results = {}
     for name in names:
         prefill, decode = [r["prefill"] for r in runs[name]], [r["decode"] for r in runs[name]]
+        ready = workers[name].ready
         results[name] = {"prefill_tok_s": statistics.median(prefill), "decode_tok_s": statistics.median(decode),
                          "prefill_runs": prefill, "decode_runs": decode,
                          "adjacent_read_bandwidths": [r["read_bandwidth"] for r in runs[name]],
+                         "first_run_s": ready["first_run_s"],
+                         "compilation_cache_entries": ready["compilation_cache_entries"],
                          **workers[name].ask("paths")}  # fmt: skip
         workers[name].close()
         r = results[name]
@@ -185,6 +208,11 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
             if r["choice_others_busy"] is not None:
                 cost += f" (other processes used {r['choice_others_busy']:.0%} of the CPUs meanwhile)"
             print(f"  {'':18s} paths (rows in out dtype, bias or layout): {taken}; {cost}")
+        first = f"the first run (its compilations and choices included) took {r['first_run_s']:.1f} s"
+        if r["compilation_cache_entries"] is not None:
+            first += (f", with JAX's persistent compilation cache at {args.jax_compilation_cache} "
+                      f"({r['compilation_cache_entries']} entries before it)")  # fmt: skip
+        print(f"  {'':18s} {first}")
     return results
 
 
@@ -196,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32", help="the weights' dtype")
     parser.add_argument("--model", choices=tuple(SHAPES), default="qwen3-0.6b", help="the checkpoint's shape")
+    parser.add_argument(
+        "--jax-compilation-cache",
+        type=Path,
+        help="JAX's persistent compilation cache for jax_impl (every program, the timing programs of its path choice "
+        "included): a later run with the same directory starts from the programs this one compiled",
+    )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:

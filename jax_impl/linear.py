@@ -24,13 +24,14 @@ lowers it, which depends on the processor and the dtype. Four forms compute it:
   weights below what the machine reads (docs/benchmarks.md).
 
 None is fixed: the first trace of each (rows, in, out, dtype, layout) key asks `PATHS` (spec/path_choice.py),
-which times the forms that apply, each a small program of its own (`_candidates`), over enough distinct weights of
-that shape that they cannot all stay in cache, as a decode step streams its weights, and keeps the fastest for the
-process (the kernel, where it applies, unless another form beats it in every round: `PATHS`): every later trace
-agrees, and a compiled program holds the form chosen when it was traced. A weight under MIN_CHOICE_BYTES (a test
-model's) stays in cache and keeps the single dot unmeasured. One bfloat16 row is not timed against the single dot
-where XLA lowers that dot through a float32 copy of the weight and the padded form does not (`bf16_row_dot_copies`):
-the padded form moves less and is settled without a measurement.
+which times the forms that apply, each a small program of its own (jax_impl/product_timing.py), over enough distinct
+weights of that shape that they cannot all stay in cache, as a decode step streams its weights (a model's own inside
+`resident_weights`, which generate enters), and keeps the fastest for the process (the kernel, where it applies,
+unless another form beats it in every round: `PATHS`): every later trace agrees, and a compiled program holds the
+form chosen when it was traced. A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single
+dot unmeasured. One bfloat16 row is not timed against the single dot where XLA lowers that dot through a float32 copy
+of the weight and the padded form does not (`bf16_row_dot_copies`): the padded form moves less and is settled
+without a measurement.
 
 Every form accumulates in float32 and rounds once to the output dtype; they differ only by summation order
 (tests/jax_impl/test_linear.py checks each against a float64 product). `PATHS.forced(path)` or
@@ -41,18 +42,17 @@ backends than the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-import mmap
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
+from jax_impl import product_timing
 from kernels.cpu import jax_gemv
 from spec.path_choice import PathChoice
 
@@ -61,10 +61,7 @@ from spec.path_choice import PathChoice
 PATHS = PathChoice("jax_impl.linear", ("gemv", "dot", "split", "pad"))
 SPLIT_CHUNKS = 8  # row blocks of W in the split form
 CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight and has a choice; more keep the dot
-STREAM_BYTES = 64 << 20  # the weights one timing pass streams: more than a core's share of cache
-MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
 MIN_CHOICE_BYTES = 256 << 10  # smaller weights (test models) stay in cache and keep the dot unmeasured
-ARENA_ALIGN = 64  # the alignment at which XLA's CPU client takes a host buffer without copying it (`_host_arena`)
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # accumulated in float32 (`_dot`)
 
@@ -157,74 +154,15 @@ def _gemv(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_elemen
 FORMS = {"dot": _single, "split": _split, "pad": _pad, "gemv": _gemv}
 
 
-@functools.cache
-def _host_arena(dtype: str) -> np.ndarray:
-    """STREAM_BYTES of ones, written once per process, at a page-aligned (so ARENA_ALIGN-aligned) address: XLA's CPU
-    client then takes each timed weight (a view of it whose byte size is a multiple of the alignment) as it is,
-    where from a plain numpy array it copied every key's weights (docs/benchmarks.md). Its pages are mapped in one
-    call (MAP_POPULATE, Linux), not faulted in one at a time by numpy's single-threaded fill, which on a VM can cost
-    more than the fill (docs/benchmarks.md; torch fills its own arena on its threads). Never written again."""
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)  # POPULATE: Linux only
-    arena = np.frombuffer(mmap.mmap(-1, STREAM_BYTES, flags=flags), jnp.dtype(dtype))  # keeps the map alive
-    arena[:] = 1
-    return arena
+def resident_weights(weights) -> contextlib.AbstractContextManager[None]:
+    """Within the block (this thread), a measurement times over `weights` (a model's own arrays: jax_impl/generate.py
+    passes its state's leaves) where they hold enough of the key's shape, instead of fresh memory
+    (jax_impl/product_timing.py's `timed_weights`)."""
+    return PATHS.timing_weights(weights, lambda w: _resident_key(w.shape, w.dtype))
 
 
-def _timed_x(form: str, rows: int, k: int, dtype) -> jax.ShapeDtypeStruct:
-    """x as `form`'s timing program takes it (`_candidates` says why): [in] for one row, else [rows, in]; float32
-    for the kernel, which computes in it."""
-    return jax.ShapeDtypeStruct((k,) if rows == 1 else (rows, k), jnp.float32 if form == "gemv" else dtype)
-
-
-def _compiling(pool: ThreadPoolExecutor, forms: tuple[str, ...], rows: int, w: jax.ShapeDtypeStruct, axis: int,
-               precision=None) -> dict[str, Future]:  # fmt: skip
-    """{form: its timing program for `rows` rows and weights like `w`, compiling on `pool` from the moment it is
-    lowered}. Lowered in a trace of its own even while the caller traces, and outside compile-time evaluation,
-    under which `_pad`'s zero row would be computed (and compiled) on the spot."""
-    k = w.shape[axis]
-    return {
-        name: pool.submit(
-            jax.jit(functools.partial(FORMS[name], axis=axis, precision=precision, preferred_element_type=jnp.float32))
-            .lower(_timed_x(name, rows, k, w.dtype), w)
-            .compile
-        )
-        for name in forms
-    }
-
-
-def _candidates(forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], dtype, axis: int,
-                precision) -> dict[str, Callable]:  # fmt: skip
-    """One timing pass per form: the product of `rows` rows over distinct weights of rhs's shape that together
-    stream up to STREAM_BYTES (a larger weight, a head's table: one with as many output features as fit in it).
-
-    Each form is its own small program, compiled on a thread of its own from the moment it is lowered
-    (`_compiling`), so that choosing costs about one compilation per key. The programs leave out what a model's
-    program fuses into the operations around the product and what XLA:CPU would otherwise compile as kernels of
-    their own, each one a compilation that times nothing the forms differ in (docs/benchmarks.md): one row is
-    passed as a vector, not reshaped from [1, in]; the kernel's x comes in the float32 it computes in; the result
-    stays float32, not rounded to the operands' dtype (`_timed_x`). The product's own operations (the dot, the
-    custom call, a float32 copy of a bfloat16 weight where XLA makes one) are the ones a model's program runs
-    (tests/jax_impl/test_linear.py compares them)."""
-    dtype = jnp.dtype(dtype)
-    k = rhs_shape[axis]
-    if math.prod(rhs_shape) * dtype.itemsize > STREAM_BYTES:  # a tied head's table: fewer output features
-        out = max(1, STREAM_BYTES // (k * dtype.itemsize))
-        rhs_shape = (out, k) if axis == 1 else (k, out)
-    copies = max(1, min(MAX_COPIES, STREAM_BYTES // (math.prod(rhs_shape) * dtype.itemsize)))
-    with ThreadPoolExecutor(len(forms)) as pool:
-        compiling = _compiling(pool, forms, rows, jax.ShapeDtypeStruct(rhs_shape, dtype), axis, precision=precision)
-        with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
-            x_of = {name: _timed_x(name, rows, k, dtype) for name in forms}
-            xs = {name: jax.device_put(np.ones(x.shape, x.dtype)) for name, x in x_of.items()}  # a copy, no program
-            host = _host_arena(dtype.name)[: copies * math.prod(rhs_shape)].reshape(copies, *rhs_shape)
-            weights = [jax.device_put(w) for w in host]  # distinct device buffers (views of the arena)
-        programs = {name: future.result() for name, future in compiling.items()}
-
-    def run(program: Callable, x: jax.Array, warm: list[bool]) -> None:
-        jax.block_until_ready([program(x, w) for w in (weights if warm else weights[:1])])  # the first: set-up
-        warm.append(True)
-
-    return {name: functools.partial(run, programs[name], xs[name], []) for name in forms}
+def _resident_key(shape: tuple[int, ...], dtype) -> tuple[tuple[int, ...], str]:
+    return tuple(shape), jnp.dtype(dtype).name
 
 
 def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, preferred_element_type=None,
@@ -243,7 +181,11 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
     timed = _worth_timing(forms, rows, lhs.dtype)
     if len(timed) == 1:
         return PATHS.settle(key, timed[0])
-    measure = functools.partial(_candidates, timed, rows, rhs.shape, lhs.dtype, axis, precision)
+
+    def measure() -> dict:
+        own = PATHS.resident(_resident_key(rhs.shape, rhs.dtype))  # a model's weights of this shape, if offered
+        return product_timing.candidates(FORMS, timed, rows, rhs.shape, lhs.dtype, axis, precision, own)
+
     return PATHS.choose(key, measure)
 
 
@@ -267,7 +209,7 @@ def bf16_row_dot_copies() -> bool:
     start = time.perf_counter()
     with ThreadPoolExecutor(2) as pool:
         w = jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)  # as a measurement's programs would take it
-        compiling = _compiling(pool, ("dot", "pad"), 1, w, 0, precision=jax.lax.Precision.HIGHEST)
+        compiling = product_timing.compiling(pool, FORMS, ("dot", "pad"), 1, w, 0, jax.lax.Precision.HIGHEST)
         dot, pad = ("f32[256,384]" in future.result().as_text() for future in compiling.values())
     copied = dot and not pad
     PATHS.charge(time.perf_counter() - start)

@@ -17,6 +17,11 @@ Correctness never depends on the choice: every candidate computes the same produ
 each path against a float64 product), and `forced(path)` pins one for the calling thread, for tests and for
 side-by-side comparisons. Framework-neutral: the backends supply the timed callables.
 
+The timed operands are the backend's to supply. A backend timing over fresh memory pays for mapping it, which on a
+VM whose other processes hold their memory cost ~0.3 s per 64 MB (docs/benchmarks.md); inside `timing_weights(...)`
+a measurement can take a model's own weights of the key's shape instead (`resident`), resident already, and the
+very memory its products stream.
+
 A choice is only as good as the moment it was timed in: while another process holds the cores, the paths that run
 on a team of threads can rank last and be left out for the rest of the process. So the share of the CPUs other
 processes used while choosing is measured (spec/cpu_load.py, Linux) and told: `others_busy()`, and a RuntimeWarning
@@ -30,13 +35,27 @@ import contextvars
 import threading
 import time
 import warnings
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from spec.cpu_load import CpuSample, OthersBusy, cpu_sample
 
 BUSY_SHARE = 0.25  # other processes' share of the CPUs while choosing, from which the choice is called into doubt
 BUSY_MIN_SECONDS = 0.5  # of choosing, before that share is judged: the machine's counters tick every ~10 ms
+
+
+class _Resident:
+    """A `timing_weights` block's weights, grouped by key on first use."""
+
+    def __init__(self, weights: Iterable[object], key: Callable[[object], Hashable]):
+        self.weights, self.key, self.groups = list(weights), key, None
+
+    def get(self, key: Hashable) -> list:
+        if self.groups is None:
+            self.groups = {}
+            for weight in self.weights:
+                self.groups.setdefault(self.key(weight), []).append(weight)
+        return self.groups.get(key, [])
 
 
 @dataclass(frozen=True)
@@ -72,6 +91,9 @@ class PathChoice:
         self._chosen: dict[Hashable, Choice] = {}
         self._charged = 0.0  # choosing work that belongs to no one key (`charge`)
         self._forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"{name}.forced", default=None)
+        self._resident: contextvars.ContextVar[_Resident | None] = contextvars.ContextVar(
+            f"{name}.resident", default=None
+        )
         self._lock = threading.RLock()
         self.cpu = cpu
         self._load = OthersBusy()  # other processes' use of the CPUs while this choice measured
@@ -93,6 +115,21 @@ class PathChoice:
 
     def forced_path(self) -> str | None:
         return self._forced.get()
+
+    @contextlib.contextmanager
+    def timing_weights(self, weights: Iterable[object], key: Callable[[object], Hashable]) -> Iterator[None]:
+        """Within the block (this thread), `resident(k)` lists the `weights` whose `key(weight)` is k (their shape
+        and dtype, as the backend spells them): a model's parameters, grouped only if a measurement asks."""
+        token = self._resident.set(_Resident(weights, key))
+        try:
+            yield
+        finally:
+            self._resident.reset(token)
+
+    def resident(self, key: Hashable) -> list:
+        """The weights under `key` that the innermost `timing_weights` block offers (none outside one)."""
+        pool = self._resident.get()
+        return [] if pool is None else pool.get(key)
 
     def choose(self, key: Hashable, candidates: Callable[[], Mapping[str, Callable[[], object]]]) -> str:
         """The path for `key`: the forced one, the one chosen before, or the fastest of `candidates()` now.

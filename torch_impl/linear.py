@@ -175,7 +175,7 @@ def rows_key(rows: int) -> int:
 
 def path_of(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> str:
     """The path `linear(x, weight, bias)` takes: forced, chosen before for its key, or measured now."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # [tokens, in]
     paths = forms_for(x2, weight, bias)
     if len(paths) == 1:
         return "f_linear"

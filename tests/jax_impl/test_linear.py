@@ -5,8 +5,6 @@ Nothing here depends on which form is the faster on this machine: each test hold
 from __future__ import annotations
 
 import contextlib
-import re
-from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +12,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import jax_impl.linear as linear_module
 from jax_impl.linear import (
     CHOICE_MAX_ROWS,
     FORMS,
@@ -48,17 +45,6 @@ def make_linear(in_features: int, out_features: int, bias: bool, seed: int = 0) 
     if bias:  # nnx initialises the bias to zeros: make it count
         layer.bias[...] = jax.random.normal(jax.random.key(seed + 1), (out_features,))
     return layer
-
-
-@pytest.fixture
-def fresh_choices():
-    """An empty record of choices for the test, the process's own restored afterwards."""
-    saved, charged = PATHS.chosen(), PATHS._charged
-    PATHS.clear()
-    yield PATHS
-    PATHS.clear()
-    PATHS._chosen.update(saved)
-    PATHS._charged = charged
 
 
 @pytest.mark.parametrize("path", [None, "dot", "split", "pad", "gemv"])  # None: the measured choice
@@ -257,50 +243,3 @@ def test_parameters_are_nnx_linears():
     layer = make_linear(16, 8, bias=True)
     assert layer.kernel[...].shape == (16, 8) and layer.bias[...].shape == (8,)
     assert isinstance(layer, nnx.Linear)
-
-
-def weight_ops(program_text: str, w_shape: tuple[int, int]) -> list[str]:
-    """A compiled program's operations on the weight, operand names and metadata left out: its dots and custom
-    calls (result type, dimensions, target) and any float32 copy of the weight."""
-    copy = f"f32[{w_shape[0]},{w_shape[1]}]"
-    ops = []
-    for line in program_text.splitlines():
-        m = re.match(r"\s*(?:ROOT )?%\S+ = (\S+) (dot|custom-call|convert)\([^)]*\)(.*)", line)
-        if m and (m[2] != "convert" or m[1].startswith(copy)):
-            ops.append(f"{m[1].split('{')[0]} {m[2]}{re.sub(r', metadata=.*', '', m[3])}")
-    return sorted(ops)
-
-
-@pytest.mark.skipif(not ON_CPU, reason="XLA:CPU's programs")
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize(("axis", "w_shape"), [(0, (1024, 1536)), (1, (1536, 1024))])  # x @ W, a tied head's x @ W^T
-@pytest.mark.parametrize("rows", [1, 3])
-def test_timed_programs_run_the_products_a_model_runs(dtype, axis, w_shape, rows):
-    """The timing programs drop glue a model fuses away (a row as a vector, float32 in and out around the
-    kernel); what touches the weight must stay as a model's program compiles it, or the timing measures another
-    product: the same dots, custom calls and float32 copies of the weight."""
-    k, dims = w_shape[axis], (((2,), (axis,)), ((), ()))
-    x, w = jax.ShapeDtypeStruct((1, rows, k), dtype), jax.ShapeDtypeStruct(w_shape, dtype)
-    forms = forms_for(x, w, dims)
-    if len(forms) == 1:  # float32 x @ W^T without the CPU kernel: no choice, nothing timed
-        pytest.skip(f"one form for this product here: {forms}")
-    with ThreadPoolExecutor(len(forms)) as pool:
-        timed = {name: future.result() for name, future in linear_module._compiling(pool, forms, rows, w, axis).items()}
-    for form in forms:
-        model = jax.jit(lambda x, w, form=form: dot_general(x, w, dims, path=form)).lower(x, w).compile()
-        assert weight_ops(timed[form].as_text(), w_shape) == weight_ops(model.as_text(), w_shape) != [], form
-
-
-@pytest.mark.skipif(not ON_CPU, reason="the timing arena is a CPU measurement's")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_timing_arena_is_aligned_ones_that_the_cpu_client_takes_without_a_copy(dtype):
-    """The measurement's weights are views of one arena: aligned, so that putting them on the device copies
-    nothing (each key's 64 MB was copied before), and all ones (never the lazily zeroed pages a fresh
-    allocation reads as, which would stay in cache and time nothing)."""
-    arena = linear_module._host_arena(dtype)
-    assert arena.ctypes.data % linear_module.ARENA_ALIGN == 0
-    assert arena.nbytes == linear_module.STREAM_BYTES and arena.dtype == jnp.dtype(dtype)
-    assert np.all(arena[::4099] == 1) and arena[-1] == 1
-    views = arena[: 4 * 256 * 384].reshape(4, 256, 384)  # 384 KiB / 192 KiB per weight: multiples of 64 bytes
-    weights = [jax.device_put(view) for view in views]
-    assert [w.unsafe_buffer_pointer() for w in weights] == [view.ctypes.data for view in views]

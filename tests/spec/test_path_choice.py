@@ -175,6 +175,34 @@ def test_forced_pins_without_measuring_and_only_in_its_block():
     assert choice.forced_path() is None and choice.chosen() == {}
 
 
+def test_timing_weights_offers_a_models_weights_by_key_in_its_block_only():
+    """`resident(key)` lists the block's weights whose key matches, in the order given; nothing outside the block, in
+    another thread, or for a key no weight has. The innermost block wins, and grouping waits for a measurement."""
+    choice = make(FakeClock())
+    keyed = []
+
+    def key(weight: tuple[str, int]) -> str:
+        keyed.append(weight)
+        return weight[0]
+
+    weights = [("q", 0), ("kv", 1), ("q", 2), ("kv", 3), ("kv", 4)]
+    assert choice.resident("q") == []
+    with choice.timing_weights(weights, key):
+        assert keyed == []  # nothing grouped until asked
+        assert choice.resident("kv") == [("kv", 1), ("kv", 3), ("kv", 4)]
+        assert choice.resident("q") == [("q", 0), ("q", 2)] and choice.resident("head") == []
+        assert len(keyed) == len(weights)  # grouped once
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(choice.resident("q")))
+        thread.start()
+        thread.join()
+        assert seen == [[]]  # another thread is not offered them
+        with choice.timing_weights([("q", 9)], key):
+            assert choice.resident("q") == [("q", 9)] and choice.resident("kv") == []
+        assert choice.resident("q") == [("q", 0), ("q", 2)]
+    assert choice.resident("q") == []
+
+
 def test_unknown_paths_are_refused():
     clock = FakeClock()
     choice = make(clock)

@@ -1,0 +1,40 @@
+"""benchmarks/cpu_decode.py's `--jax-compilation-cache`: the option the benchmark offers for JAX's persistent
+compilation cache. Each check runs in a fresh process, as the benchmark's worker does: the cache is JAX's global
+setting, taken by a process's first compilation, and this test process already has its own (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from benchmarks.worker import ROOT
+
+PROGRAM = """
+import sys
+from pathlib import Path
+from benchmarks.cpu_decode import use_jax_compilation_cache
+before = use_jax_compilation_cache(Path(sys.argv[1]))
+import jax, jax.numpy as jnp
+jax.jit(lambda x: jnp.tanh(x) * 3.0 + 1.0)(jnp.ones(7)).block_until_ready()  # compiles in far under a second
+print(before)
+"""
+
+
+def entries_before(directory) -> int:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("JAX_PERSISTENT_CACHE") and k != "JAX_COMPILATION_CACHE_DIR"
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(directory)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[-1])
+
+
+def test_a_second_process_starts_from_the_programs_the_first_compiled(tmp_path):
+    directory = tmp_path / "jax-cache"  # made by the option
+    assert entries_before(directory) == 0
+    assert entries_before(directory) > 0  # the small program was kept: JAX's one-second floor is lifted

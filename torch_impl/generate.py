@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from kernels.cpu import torch_decode_ops
 from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
+from torch_impl import linear
 from torch_impl.kv_cache import KVCache
 from torch_impl.model import CausalLM
 from torch_impl.vocab_parallel import gather_logits, greedy_token
@@ -83,7 +84,8 @@ def generate(
         return token
 
     eos = tuple(model.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    gen = decode_loop(model, input_ids, max_new_tokens, attention_mask, eos, pick, stream)
+    with linear.resident_weights(model.parameters()):  # a product's first call may time its paths over them
+        gen = decode_loop(model, input_ids, max_new_tokens, attention_mask, eos, pick, stream)
     return dataclasses.replace(gen, logits=logits_seen) if return_logits else gen
 
 

@@ -20,7 +20,8 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
   (spec/path_choice.py) and the process keeps the fastest (the kernel, where it applies, unless another path beats
   it in every round: `PATHS`) (above STREAM_ROWS rows, one choice per
   power-of-two bucket of rows: `rows_key`). A decode-sized product (few rows) is timed over enough distinct
-  weights of its shape that they cannot all stay in cache, as a decode step streams its weights; a
+  weights of its shape that they cannot all stay in cache, as a decode step streams its weights (a model's own
+  inside `resident_weights`, which generate enters); a
   prefill-sized one, which is compute-bound, on the weight it was called with (its first STREAM_BYTES of
   output rows, where it is larger: a tied head's table, whose slowest path would otherwise cost a second).
   A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps F.linear without measuring.
@@ -33,8 +34,9 @@ nn.Linear's own (`weight` [out, in], `bias`), so checkpoints load unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -140,6 +142,17 @@ def _arena(dtype: torch.dtype) -> torch.Tensor:
     return torch.ones(STREAM_BYTES // dtype.itemsize, dtype=dtype)
 
 
+def resident_weights(weights: Iterable[torch.Tensor]) -> contextlib.AbstractContextManager[None]:
+    """Within the block (this thread), a few-row product's measurement times over `weights` (a model's parameters:
+    torch_impl/generate.py passes them) where they hold enough of its shape, instead of the arena, whose pages are
+    mapped when it is first asked for (docs/benchmarks.md: that cost ~0.3 s beside the benchmark's other backends)."""
+    return PATHS.timing_weights(weights, _resident_key)
+
+
+def _resident_key(weight: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, bool]:
+    return tuple(weight.shape), weight.dtype, weight.is_cpu and weight.is_contiguous()
+
+
 def _candidates(
     paths: tuple[str, ...], x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> dict[str, Callable[[], object]]:
@@ -154,8 +167,12 @@ def _candidates(
         weights, b = [weight], bias
     else:
         copies = max(1, min(MAX_COPIES, STREAM_BYTES // (weight.shape[0] * row_bytes)))
-        arena = _arena(weight.dtype)[: copies * weight.numel()]
-        weights, b = arena.view(copies, *weight.shape).unbind(0), bias
+        own = PATHS.resident(_resident_key(weight))  # a model's weights of this shape, if offered
+        if len(own) >= copies:
+            weights, b = own[:copies], bias  # in memory already: the very weights its products stream
+        else:
+            arena = _arena(weight.dtype)[: copies * weight.numel()]
+            weights, b = arena.view(copies, *weight.shape).unbind(0), bias
     x2 = x2.contiguous()
 
     def run(form: Callable) -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torch_impl.linear as linear_module
 import torch_impl.linear as torch_linear
 from kernels.cpu import torch_gemv
 from parity.tolerances import TOLERANCES
@@ -194,3 +195,20 @@ def test_upcast_in_blocks_matches_float64_product(monkeypatch):
     with torch.inference_mode():
         got = linear(x, w, b, path="upcast")
     assert max_rel(got, x.double() @ w.double().T + b.double()) <= BF16_REL
+
+
+def test_a_models_own_weights_are_timed_where_it_has_enough_of_them(fresh_choices, monkeypatch):
+    """Inside `resident_weights`, a few-row product's timing passes run over the model's own weights of its shape
+    (in memory already: no arena mapped); too few of them to leave the cache, and the arena's views are timed."""
+    weights = [torch.full((256, 1024), float(i)) for i in range(20)]  # 1 MiB each: a pass takes 16
+    seen: list[int] = []
+    monkeypatch.setitem(linear_module.FORMS, "f_linear", lambda x2, w, b: seen.append(w.data_ptr()))
+    x2 = torch.ones(1, 1024)
+    with torch.inference_mode(), linear_module.resident_weights([torch.ones(3), *weights]):
+        linear_module._candidates(("f_linear",), x2, weights[0], None)["f_linear"]()
+    assert seen == [w.data_ptr() for w in weights[:16]]
+    seen.clear()
+    with torch.inference_mode(), linear_module.resident_weights(weights[:3]):
+        linear_module._candidates(("f_linear",), x2, weights[0], None)["f_linear"]()
+    arena = linear_module._arena(torch.float32)
+    assert len(seen) == 16 and seen[0] == arena.data_ptr() and seen[-1] == arena.data_ptr() + 15 * 256 * 1024 * 4

@@ -232,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.jax_compilation_cache and not args.serve:  # refused here, before any worker starts
+        try:
+            args.jax_compilation_cache.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"--jax-compilation-cache {args.jax_compilation_cache}: not a usable directory ({err})")
     if args.serve:
         serve(args.serve, args)
         return 0

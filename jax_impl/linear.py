@@ -46,6 +46,7 @@ import contextlib
 import functools
 import math
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
@@ -154,15 +155,15 @@ def _gemv(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_elemen
 FORMS = {"dot": _single, "split": _split, "pad": _pad, "gemv": _gemv}
 
 
-def resident_weights(weights) -> contextlib.AbstractContextManager[None]:
+def resident_weights(weights: Iterable[jax.Array]) -> contextlib.AbstractContextManager[None]:
     """Within the block (this thread), a measurement times over `weights` (a model's own arrays: jax_impl/generate.py
     passes its state's leaves) where they hold enough of the key's shape, instead of fresh memory
     (jax_impl/product_timing.py's `timed_weights`)."""
-    return PATHS.timing_weights(weights, lambda w: _resident_key(w.shape, w.dtype))
+    return PATHS.timing_weights(weights, _resident_key)
 
 
-def _resident_key(shape: tuple[int, ...], dtype) -> tuple[tuple[int, ...], str]:
-    return tuple(shape), jnp.dtype(dtype).name
+def _resident_key(weight: jax.Array) -> tuple[tuple[int, ...], str]:
+    return tuple(weight.shape), jnp.dtype(weight.dtype).name
 
 
 def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, preferred_element_type=None,
@@ -183,7 +184,7 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
         return PATHS.settle(key, timed[0])
 
     def measure() -> dict:
-        own = PATHS.resident(_resident_key(rhs.shape, rhs.dtype))  # a model's weights of this shape, if offered
+        own = PATHS.resident(_resident_key(rhs))  # a model's weights of this shape, if offered
         return product_timing.candidates(FORMS, timed, rows, rhs.shape, lhs.dtype, axis, precision, own)
 
     return PATHS.choose(key, measure)

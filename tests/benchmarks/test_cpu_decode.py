@@ -38,3 +38,15 @@ def test_a_second_process_starts_from_the_programs_the_first_compiled(tmp_path):
     directory = tmp_path / "jax-cache"  # made by the option
     assert entries_before(directory) == 0
     assert entries_before(directory) > 0  # the small program was kept: JAX's one-second floor is lifted
+
+
+def test_a_cache_path_that_is_not_a_directory_is_refused_before_any_worker_starts(tmp_path):
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cpu_decode", "--jax-compilation-cache", str(taken)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"--jax-compilation-cache {taken}: not a usable directory" in done.stderr
+    assert "Traceback" not in done.stderr

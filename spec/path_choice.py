@@ -89,6 +89,7 @@ class PathChoice:
         self.name, self.paths, self.repeats, self.margin, self.clock = name, paths, repeats, margin, clock
         self.prune = prune
         self._chosen: dict[Hashable, Choice] = {}
+        self.version = 0  # counts `clear`s: a caller that keeps what it learnt from the choices keys it on this
         self._charged = 0.0  # choosing work that belongs to no one key (`charge`)
         self._forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(f"{name}.forced", default=None)
         self._resident: contextvars.ContextVar[_Resident | None] = contextvars.ContextVar(
@@ -235,5 +236,6 @@ class PathChoice:
         """Forget every choice, the charged cost and the CPU use: the next product of each key measures again."""
         with self._lock:
             self._chosen.clear()
+            self.version += 1
             self._charged = 0.0
             self._load, self._warned = OthersBusy(), False

@@ -11,6 +11,10 @@ hidden is the MLP's increment, not x2. Trace mode records the math variables x1 
 Sandwich: the post norms are plain norms of an increment (HF's names: `post_attention_layernorm` is the norm ON
 the attention output), and the pre-norms fuse with the residual add: x1 = x + post_attn_norm(attn), then
 pre_feedforward_layernorm(x1) is one add_rms_norm of the normed increment into the residual.
+
+A CPU decode step of a dense pre-norm layer with a SwiGLU MLP and full attention (Llama, Qwen2, Qwen3, Mistral's
+full layers) runs as one C call (kernels/cpu/torch_decode_layer.py) where each of its products took the few-row
+kernel: the same functions as the per-operator calls in the same order, so the same result.
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kernels.cpu import torch_decode_layer, torch_decode_ops
 from spec import ModelSpec
+from spec.kv_cache import full_error
+from torch_impl import linear
 from torch_impl.attention import Attention
 from torch_impl.decoder_layer_plain import ParallelDecoderLayer, PostNormDecoderLayer
-from torch_impl.layernorm import make_norm
+from torch_impl.layernorm import RMSNorm, make_norm
 from torch_impl.mlp import MLP
 from torch_impl.moe import SparseMoeBlock
 
@@ -63,6 +70,19 @@ class DecoderLayer(nn.Module):
             self.mlp = MLP(spec, layer_idx, kernels=kernels, tp=tp, group=group)
         if self.sandwich:
             self.post_feedforward_layernorm = make_norm(spec, h, kernels=kernels)
+        self.one_call = (  # the layers decode_layer.c computes; the rest of the rule is asked per step
+            not self.sandwich
+            and not self.sparse
+            and spec.gated_mlp
+            and spec.hidden_act == "silu"
+            and isinstance(self.input_layernorm, RMSNorm)
+            and kernels == "reference"
+            and tp == 1
+            and not spec.fused_qkv
+            and (not spec.qk_norm or spec.qk_norm_scope == "head")
+            and spec.window(layer_idx) is None
+        )
+        self._gemv_known: dict[tuple[int, torch.dtype], tuple[int, bool]] = {}  # (rows, dtype): (PATHS.version, ok)
 
     def forward(
         self,
@@ -77,6 +97,8 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`routing`: teacher-forced expert ids per sparse layer (CausalLM.forward checks them); a sparse layer
         uses its own entry, if any."""
+        if self.one_call and cache is not None and trace is None and self._takes_one_call(hidden, residual, cache):
+            return self._decode_in_one_call(hidden, residual, cos, sin, mask, cache)
         if residual is None:  # layer 0: the residual stream starts as the embedding h0
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:  # residual := previous increment + residual (= the previous layer's x2)
@@ -110,6 +132,49 @@ class DecoderLayer(nn.Module):
         if trace is not None:
             trace[f"{name}.x2"] = (hidden.float() + residual.float()).to(hidden.dtype)
         return hidden, residual
+
+    def _takes_one_call(self, hidden: torch.Tensor, residual: torch.Tensor | None, cache: KVCache) -> bool:
+        """Whether this step runs in one call: a decode step's rows (torch_decode_ops.takes), the cache in the
+        activations' dtype, and every product of the layer on the few-row kernel (asked of the choices once per row
+        count and dtype, again after they are cleared; a forced path is asked every time)."""
+        norm = self.input_layernorm
+        if not (
+            torch_decode_ops.takes(hidden, norm.weight, residual)
+            and cache.k[self.layer_idx].dtype is hidden.dtype
+            and torch_decode_layer.enabled()
+        ):
+            return False
+        key, version = (hidden.shape[0], hidden.dtype), linear.PATHS.version
+        known = self._gemv_known.get(key)
+        if known is not None and known[0] == version and linear.PATHS.forced_path() is None:
+            return known[1]
+        attn, mlp = self.self_attn, self.mlp
+        products = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        ok = linear.takes_gemv(products, hidden.shape[0], hidden.dtype)
+        if linear.PATHS.forced_path() is None:
+            self._gemv_known[key] = (version, ok)
+        return ok
+
+    def _decode_in_one_call(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's decode step as torch_decode_layer.decode_layer: the new keys and values written at the
+        cache's next slot, as cache.update writes them."""
+        if cache.length >= cache.max_len:
+            raise full_error(cache.length + 1, cache.max_len)
+        attn, mlp, norm = self.self_attn, self.mlp, self.input_layernorm
+        weights = torch_decode_layer.LayerWeights(
+            norm.weight, self.post_attention_layernorm.weight,
+            None if attn.q_norm is None else attn.q_norm.weight, None if attn.k_norm is None else attn.k_norm.weight,
+            attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight,
+            mlp.down_proj.weight, attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias, attn.o_proj.bias,
+            mlp.gate_up_proj.bias, mlp.down_proj.bias,
+        )  # fmt: skip
+        i = self.layer_idx
+        return torch_decode_layer.decode_layer(
+            hidden, residual, weights, cos, sin, cache.k[i], cache.v[i], cache.length, mask,
+            heads=attn.num_heads, eps=norm.eps, scale=attn.scale, softcap=attn.softcap, **norm.options,
+        )  # fmt: skip
 
 
 def decoder_layer(

@@ -1,5 +1,5 @@
-"""Compiling and loading the CPU kernels (kernels/cpu/gemv.c and kernels/cpu/decode_ops.c, and for JAX their XLA
-bindings gemv_ffi.cc and decode_ops_ffi.cc).
+"""Compiling and loading the CPU kernels (kernels/cpu/gemv.c, kernels/cpu/decode_ops.c and decode_layer.c, which
+composes the two, and for JAX their XLA bindings gemv_ffi.cc and decode_ops_ffi.cc).
 
 The kernels are C, compiled on the machine that runs them at first use, with its C compiler, into the project's
 cache directory (spec.default_cache_dir(): $XDG_CACHE_HOME/decoder-parity), under a name that hashes the sources
@@ -37,6 +37,7 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
     "gemv_xla": ("gemv.c", "gemv_ffi.cc", "xla_pool.h"),
     "decode_ops": ("decode_ops.c",),
     "decode_ops_xla": ("decode_ops.c", "decode_ops_ffi.cc", "xla_pool.h"),
+    "decode_layer": ("gemv.c", "decode_ops.c", "decode_layer.c"),  # one layer of a decode step from both
 }
 
 _why: dict[str, str] = {}

@@ -15,7 +15,9 @@ One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat1
   path each backend's products took per shape with what choosing cost (torch_impl/linear.py,
   jax_impl/linear.py);
 - torch_impl's decode against the same model with its decode steps' norms, RoPE and attention kept on the
-  reference operators (REFERENCE_OPS: what kernels/cpu/decode_ops.c is worth on this machine).
+  reference operators (REFERENCE_OPS: what kernels/cpu/decode_ops.c is worth on this machine), and against the
+  same model with those operators in C but called one by one (PER_OPERATOR: what running a layer's decode step as
+  one call, kernels/cpu/decode_layer.c, is worth).
 `--json PATH` writes the same figures. Timings are never asserted in tests: this script is where they live.
 """
 
@@ -70,6 +72,7 @@ class TokenClock:
 
 
 REFERENCE_OPS = "torch_impl/ref-ops"  # torch_impl with its decode steps' norms, RoPE and attention on the reference
+PER_OPERATOR = "torch_impl/per-op"  # torch_impl with its decode steps' operators called one by one, not per layer
 
 
 def chosen_paths(name: str) -> dict:
@@ -120,6 +123,10 @@ def load_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, new
             from kernels.cpu import torch_decode_ops
 
             ops = torch_decode_ops.reference_only
+        elif name == PER_OPERATOR:  # the same model, its decode steps' operators called one at a time
+            from kernels.cpu import torch_decode_layer
+
+            ops = torch_decode_layer.per_operator
 
         def run(n: int = new_tokens) -> list[float]:
             clock.reset()
@@ -259,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = in_subprocess("machine", args)
     flops = machine["matmul_flops"]
     print(f"  matmul {flops / 1e9:.0f} GFLOP/s, weights {weight_bytes / 1e9:.2f} GB/token")
-    results = interleaved_backends(("transformers", "torch_impl", REFERENCE_OPS, "jax_impl"), args)
+    results = interleaved_backends(("transformers", "torch_impl", PER_OPERATOR, REFERENCE_OPS, "jax_impl"), args)
     # Read before and after the backends too. The highest of every reading is the run's limit: a backend set against
     # it was measured against the machine at its best minute. Each run's own limit is the mean of the readings just
     # before and after it (Probe): these VMs' read rate moves by nearly 2x within a minute (docs/benchmarks.md), so that
@@ -288,11 +295,16 @@ def main(argv: list[str] | None = None) -> int:
             f"  {name:18s} prefill x{r['prefill_ratio']:.2f}  decode x{r['decode_ratio']:.2f} of transformers, "
             f"decode at {fractions(r)}"
         )
-    ref_ops = results[REFERENCE_OPS]
+    ref_ops, per_op = results[REFERENCE_OPS], results[PER_OPERATOR]
     print(
-        f"  torch_impl's decode-step operators in C (kernels/cpu/decode_ops.c): decode "
-        f"x{results['torch_impl']['decode_tok_s'] / ref_ops['decode_tok_s']:.2f} over the same model on the reference "
-        f"operators, which decode at {fractions(ref_ops)}"
+        f"  torch_impl's decode-step operators in C (kernels/cpu/decode_ops.c), called one by one: decode "
+        f"x{per_op['decode_tok_s'] / ref_ops['decode_tok_s']:.2f} over the same model on the reference operators, "
+        f"which decode at {fractions(ref_ops)}"
+    )
+    print(
+        f"  torch_impl's layers each one call in a decode step (kernels/cpu/decode_layer.c): decode "
+        f"x{results['torch_impl']['decode_tok_s'] / per_op['decode_tok_s']:.2f} over the same model calling those "
+        f"operators one by one, which decodes at {fractions(per_op)}"
     )
     print(f"  transformers  decode at {fractions(base)}")
     results["machine"] = {

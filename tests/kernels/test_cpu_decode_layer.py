@@ -1,0 +1,201 @@
+"""kernels/cpu/decode_layer.c through its torch launcher (torch_decode_layer.py) and torch_impl's DecoderLayer: a
+decode step of a whole layer in one call is the per-operator step bit for bit (Qwen3 with q/k norms, Qwen2 with
+q/k/v biases and one kv head, odd widths, float32 and bfloat16, a padded batch); the rule that takes it (decode steps
+only, every product on the few-row kernel as the choices say, full-attention layers, and asked again after the
+choices are cleared); errors that name the operand, and a full cache refused as cache.update refuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import torch_impl
+from kernels.cpu import build, torch_decode_layer, torch_decode_ops
+from spec import DEFAULT_SPEC, InputError, ModelSpec, write_checkpoint
+from spec.default import random_weights
+from spec.path_choice import Choice
+from tests.specs import QWEN2_SINGLE_KV
+from torch_impl import linear
+from torch_impl.kv_cache import KVCache
+
+CAN_BUILD = build._unsupported() is None  # x86-64 with AVX2 and FMA, and a C compiler: every CI machine
+pytestmark = pytest.mark.skipif(not CAN_BUILD, reason=f"the CPU kernels cannot be built here: {build._unsupported()}")
+
+ODD = dataclasses.replace(  # widths that are not multiples of 8, three query heads per kv head
+    DEFAULT_SPEC, hidden_size=76, intermediate_size=100, num_attention_heads=6, num_key_value_heads=2, head_dim=20
+)
+SPECS = {"qwen3": DEFAULT_SPEC, "qwen3-odd": ODD, "qwen2-bias": QWEN2_SINGLE_KV}
+PROMPT = [[5, 9, 200, 17, 3], [0, 0, 4, 1, 8], [7, 7, 7, 7, 7]]  # row 1 left-padded (attention_mask)
+MASK = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+STEPS = 6
+
+
+def load(tmp_path, spec: ModelSpec, dtype: str):
+    write_checkpoint(tmp_path, spec, random_weights(spec, seed=3))
+    return torch_impl.from_pretrained(tmp_path, dtype)
+
+
+@pytest.fixture
+def count_calls():
+    """The number of decode_layer.c calls made so far in the test (each dtype's function wrapped)."""
+    table = torch_decode_layer._functions()
+    saved, calls = dict(table), [0]
+
+    def counted(fn):
+        def call(*args):
+            calls[0] += 1
+            return fn(*args)
+
+        return call
+
+    table.update({dtype: counted(fn) for dtype, fn in saved.items()})
+    yield lambda: calls[0]
+    table.update(saved)
+
+
+def generate(model, rows: int = 3, **kwargs):
+    return torch_impl.generate(
+        model, PROMPT[:rows], STEPS, attention_mask=MASK[:rows], eos_token_ids=(), return_logits=True, **kwargs
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", list(SPECS))
+@pytest.mark.parametrize("rows", [1, 3])
+def test_one_call_is_the_per_operator_step_bit_for_bit(tmp_path, count_calls, shape, dtype, rows):
+    model = load(tmp_path, SPECS[shape], dtype)
+    with linear.PATHS.forced("gemv"):  # a test model's weights would keep F.linear unmeasured
+        one = generate(model, rows)
+        assert count_calls() == (STEPS - 1) * model.spec.num_hidden_layers  # every decode step, every layer
+        with torch_decode_layer.per_operator():
+            per = generate(model, rows)
+    assert count_calls() == (STEPS - 1) * model.spec.num_hidden_layers  # none more per operator
+    assert np.array_equal(one.tokens, per.tokens)
+    for step, (a, b) in enumerate(zip(one.logits, per.logits, strict=True)):
+        assert np.array_equal(a, b), step
+
+
+def test_the_layer_keeps_its_operators_where_the_rule_fails(tmp_path, count_calls):
+    model = load(tmp_path, DEFAULT_SPEC, "float32")
+    generate(model)  # a test model's products keep F.linear (too small to measure): not the kernel's
+    with linear.PATHS.forced("onednn" if "onednn" in linear.PATHS.paths else "f_linear"):
+        generate(model)
+    with linear.PATHS.forced("gemv"), torch_decode_ops.reference_only():  # the side-by-side reference runs
+        generate(model)
+    with linear.PATHS.forced("gemv"):
+        model(PROMPT, attention_mask=MASK)  # a forward outside generation's decode steps
+        with torch_decode_ops.decode_steps():
+            model([[1, 2], [3, 4], [5, 6]])  # two tokens a row: a prompt, not a step
+    assert count_calls() == 0
+
+
+def test_sliding_layers_keep_their_operators(tmp_path, count_calls):
+    spec = dataclasses.replace(  # Qwen3 with its first layer sliding (max_window_layers)
+        DEFAULT_SPEC, sliding_window=4, layer_types=("sliding_attention", "full_attention")
+    )
+    model = load(tmp_path, spec, "float32")
+    with linear.PATHS.forced("gemv"):
+        one = generate(model)
+        with torch_decode_layer.per_operator():
+            per = generate(model)
+    assert count_calls() == STEPS - 1  # the full layer only: the sliding one attends over its ring
+    assert np.array_equal(one.tokens, per.tokens) and all(map(np.array_equal, one.logits, per.logits))
+
+
+def test_cleared_choices_are_asked_again(tmp_path, count_calls):
+    """Where the choices say gemv for every product the layer takes one call; once they are cleared and say
+    otherwise for one product, it does not (what it learnt is keyed on PATHS.version)."""
+    model = load(tmp_path, DEFAULT_SPEC, "float32")
+    layer = model.model.layers[0]
+    products = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj]
+    products += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
+    saved = linear.PATHS.chosen()
+
+    def settle(paths: list[str], rows: int = 3) -> None:
+        linear.PATHS.clear()
+        for product, path in zip(products, paths, strict=True):
+            out, into = product.weight.shape
+            linear.PATHS._chosen[(rows, into, out, "float32", False)] = Choice(path, {}, 0.0)
+
+    original = linear.MIN_CHOICE_BYTES
+    try:
+        linear.MIN_CHOICE_BYTES = 0  # the test model's weights take their recorded choices
+        settle(["gemv"] * 6)
+        generate(model)
+        assert count_calls() == (STEPS - 1) * 2
+        settle(["gemv"] * 3 + ["f_linear"] + ["gemv"] * 2)
+        generate(model)
+        assert count_calls() == (STEPS - 1) * 2  # o_proj's F.linear: every step per operator
+    finally:
+        linear.MIN_CHOICE_BYTES = original
+        linear.PATHS.clear()
+        linear.PATHS._chosen.update(saved)
+
+
+def test_a_full_cache_is_refused_as_cache_update_refuses_it(tmp_path):
+    model = load(tmp_path, DEFAULT_SPEC, "float32")
+    cache = KVCache.create(model.module_spec, 1, 2, torch.float32)
+    with torch.inference_mode(), linear.PATHS.forced("gemv"), torch_decode_ops.decode_steps():
+        model([[1, 2]], cache=cache)  # fills both slots
+        with pytest.raises(InputError, match="KV cache is full: 3 positions requested, capacity 2"):
+            model([[3]], cache=cache, attention_mask=torch.ones(1, 3, dtype=torch.long))
+
+
+def _operands(b: int = 1, hidden: int = 16, heads: int = 2, kv: int = 1, d: int = 8, inter: int = 12, slots: int = 4):
+    w = torch_decode_layer.LayerWeights(
+        torch.ones(hidden), torch.ones(hidden), torch.ones(d), torch.ones(d), torch.zeros(heads * d, hidden),
+        torch.zeros(kv * d, hidden), torch.zeros(kv * d, hidden), torch.zeros(hidden, heads * d),
+        torch.zeros(2 * inter, hidden), torch.zeros(hidden, inter),
+    )  # fmt: skip
+    x = torch.randn(b, 1, hidden)
+    cos, sin = torch.ones(b, 1, d), torch.zeros(b, 1, d)
+    k_cache, v_cache = torch.zeros(b, kv, slots, d), torch.zeros(b, kv, d, slots)
+    mask = torch.ones(b, 1, 2, dtype=torch.bool)
+    return dict(x=x, residual=x.clone(), weights=w, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache, pos=1,
+                mask=mask, heads=heads, eps=1e-6, scale=0.5)  # fmt: skip
+
+
+def test_the_launcher_runs_a_layer_of_zero_products():
+    """With every product weight zero the attention reads zero values, so the layer's increment is zero and the new
+    residual is the input plus the old residual (add_rms_norm's rounding: exact here in float32 sums of two)."""
+    args = _operands()
+    out, residual = torch_decode_layer.decode_layer(**args)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(residual, args["x"] + args["residual"])
+    assert torch.equal(args["k_cache"][:, :, 1], torch.zeros(1, 1, 8))  # slot 1 written (zeros, normed: zeros)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: dataclasses.replace(a["weights"], wq=torch.zeros(15, 16)), r"wq must be \[16, 16\]"),
+        (lambda a: dataclasses.replace(a["weights"], k_norm=None), "q_norm and k_norm come together"),
+        (lambda a: dataclasses.replace(a["weights"], wd=torch.zeros(16, 12, dtype=torch.float64)), "wd must be"),
+    ],
+)  # fmt: skip
+def test_bad_weights_name_the_tensor(change, message):
+    args = _operands()
+    args["weights"] = change(args)
+    with pytest.raises(ValueError, match=message):
+        torch_decode_layer.decode_layer(**args)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("cos", torch.ones(1, 1, 8, dtype=torch.float64), "cos must be"),
+        ("mask", torch.ones(1, 1, 3, dtype=torch.bool), r"mask must be \[1, 1, 2\]"),
+        ("pos", 4, "slot 4 of 4"),
+        ("x", torch.zeros(1, 2, 16), r"x must be \[B, 1, H\]"),
+        ("v_cache", torch.zeros(1, 1, 4, 8), r"v_cache must be \[1, 1, 8, 4\]"),
+    ],
+)
+def test_bad_operands_name_the_tensor(name, value, message):
+    args = _operands()
+    args[name] = value
+    with pytest.raises(ValueError, match=message):
+        torch_decode_layer.decode_layer(**args)

@@ -8,6 +8,8 @@ backends can resolve the `kernels=` argument without pulling in the other framew
 
 from __future__ import annotations
 
+from importlib import metadata
+
 from spec.errors import InputError
 
 KERNEL_CHOICES = ("reference", "fused", "auto")
@@ -27,3 +29,20 @@ def resolve_kernels(choice: str, *, on_gpu: bool) -> str:
     if choice == "auto":
         return "fused" if on_gpu else "reference"
     return choice
+
+
+def __getattr__(name: str) -> object:
+    """A name this package lacks. Where Hugging Face's `kernels` distribution is installed too, the name is probably
+    one of its own: both are imported as `kernels`, and this package shadows it (transformers 5.25 and later import it
+    on loading any model), so say so instead of a bare "cannot import name"."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        other = metadata.version("kernels")
+    except metadata.PackageNotFoundError:
+        raise AttributeError(f"module 'kernels' (decoder-parity's) has no attribute {name!r}") from None
+    raise ImportError(
+        f"kernels.{name}: `kernels` here is decoder-parity's package, which shadows Hugging Face's `kernels` "
+        f"{other} (installed too: transformers 5.25 and later require it). decoder-parity supports transformers<5.25 "
+        "(its hf extra pins that): `pip install 'transformers<5.25' && pip uninstall kernels`"
+    )

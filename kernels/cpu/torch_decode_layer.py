@@ -24,6 +24,7 @@ from kernels.cpu.switch import Switch
 _L, _F, _I, _P = ctypes.c_long, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
 _LONGS = ("rows", "hidden", "heads", "kv_heads", "head_dim", "rotated", "inter", "pos")
 _STRIDES = ("k_batch", "k_head", "v_batch", "v_head", "v_row")
+_BIASES = frozenset(("bq", "bk", "bv", "bo", "bgu", "bd"))
 _POINTERS = (
     "x", "residual", "input_norm", "post_norm", "q_norm", "k_norm", "wq", "wk", "wv", "wo", "wgu", "wd",
     "bq", "bk", "bv", "bo", "bgu", "bd", "cos", "sin", "k_cache", "v_cache", "mask", "out", "residual_out",
@@ -111,37 +112,31 @@ def _check(x, residual, w: LayerWeights, cos, sin, k_cache, v_cache, pos, mask, 
             f"{heads} heads over {kv_heads} kv heads, slot {pos} of {slots}: heads must be a multiple, 0 <= slot < S"
         )
     inter = w.wd.shape[1] if w.wd.dim() == 2 else -1
-    want = {
-        "residual": (b, 1, hidden), "input_norm": (hidden,), "post_norm": (hidden,), "q_norm": (d,), "k_norm": (d,),
-        "wq": (heads * d, hidden), "wk": (kv_heads * d, hidden), "wv": (kv_heads * d, hidden),
-        "wo": (hidden, heads * d), "wgu": (2 * inter, hidden), "wd": (hidden, inter), "bq": (heads * d,),
-        "bk": (kv_heads * d,), "bv": (kv_heads * d,), "bo": (hidden,), "bgu": (2 * inter,), "bd": (hidden,),
-        "k_cache": (b, kv_heads, slots, d), "v_cache": (b, kv_heads, d, slots), "cos": (b, 1, cos.shape[-1]),
-        "sin": (b, 1, cos.shape[-1]), "mask": (b, 1, pos + 1),
-    }  # fmt: skip
-    given = {
-        **vars(w),
-        "residual": residual,
-        "k_cache": k_cache,
-        "v_cache": v_cache,
-        "cos": cos,
-        "sin": sin,
-        "mask": mask,
-    }
-    for name, shape in want.items():
-        tensor = given[name]
+    f32, qk, kvd, r = torch.float32, heads * d, kv_heads * d, cos.shape[-1]
+    operands = (  # (name, tensor, shape, dtype, may be None): a decode step checks all 22, so one flat pass
+        ("residual", residual, (b, 1, hidden), dtype, True), ("input_norm", w.input_norm, (hidden,), dtype, False),
+        ("post_norm", w.post_norm, (hidden,), dtype, False), ("q_norm", w.q_norm, (d,), dtype, True),
+        ("k_norm", w.k_norm, (d,), dtype, True), ("wq", w.wq, (qk, hidden), dtype, False),
+        ("wk", w.wk, (kvd, hidden), dtype, False), ("wv", w.wv, (kvd, hidden), dtype, False),
+        ("wo", w.wo, (hidden, qk), dtype, False), ("wgu", w.wgu, (2 * inter, hidden), dtype, False),
+        ("wd", w.wd, (hidden, inter), dtype, False), ("bq", w.bq, (qk,), dtype, True),
+        ("bk", w.bk, (kvd,), dtype, True), ("bv", w.bv, (kvd,), dtype, True), ("bo", w.bo, (hidden,), dtype, True),
+        ("bgu", w.bgu, (2 * inter,), dtype, True), ("bd", w.bd, (hidden,), dtype, True),
+        ("k_cache", k_cache, (b, kv_heads, slots, d), dtype, False),
+        ("v_cache", v_cache, (b, kv_heads, d, slots), dtype, False), ("cos", cos, (b, 1, r), f32, False),
+        ("sin", sin, (b, 1, r), f32, False), ("mask", mask, (b, 1, pos + 1), torch.bool, False),
+    )  # fmt: skip
+    for name, tensor, shape, kind, optional in operands:
         if tensor is None:
-            if name in ("residual", "q_norm", "k_norm") or name.startswith("b"):
+            if optional:
                 continue
             raise _refuse(f"{name} is required")
-        kind = {"cos": torch.float32, "sin": torch.float32, "mask": torch.bool}.get(name, dtype)
-        if tuple(tensor.shape) != shape or tensor.dtype is not kind or not tensor.is_cpu:
+        if tensor.shape != shape or tensor.dtype is not kind or not tensor.is_cpu:
             raise _refuse(f"{name} must be {list(shape)} {kind} on the CPU; got {tuple(tensor.shape)} {tensor.dtype}")
     if (w.q_norm is None) != (w.k_norm is None):
         raise _refuse("q_norm and k_norm come together (per-head q/k norms) or not at all")
-    rotated = cos.shape[-1]
-    if rotated % 2 or rotated > d:
-        raise _refuse(f"cos and sin [B, 1, r] need r even and r <= head_dim {d}; got r = {rotated}")
+    if r % 2 or r > d:
+        raise _refuse(f"cos and sin [B, 1, r] need r even and r <= head_dim {d}; got r = {r}")
     if k_cache.stride() != (kv_heads * slots * d, slots * d, d, 1) or v_cache.stride() != (
         kv_heads * d * slots, d * slots, slots, 1,
     ):  # fmt: skip
@@ -181,10 +176,9 @@ def decode_layer(
     out, residual_out = torch.empty_like(x), torch.empty_like(x)
     x, cos, sin, mask = x.contiguous(), cos.contiguous(), sin.contiguous(), mask.contiguous()
     residual = None if residual is None else residual.contiguous()
-    biases = {name: getattr(weights, name) for name in ("bq", "bk", "bv", "bo", "bgu", "bd")}
-    biases = {name: None if t is None else t.float().contiguous() for name, t in biases.items()}  # the kernel's f32
-    operands = {**vars(weights), **biases}
-    operands = {name: None if t is None else t.contiguous() for name, t in operands.items()}  # bound until the call
+    operands = {}  # bound until the call: a temporary's memory is freed with it
+    for name, t in vars(weights).items():
+        operands[name] = None if t is None else (t.float() if name in _BIASES else t).contiguous()  # biases: f32
     layer = _DecodeLayer(
         rows=b, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=d, rotated=cos.shape[-1],
         inter=weights.wd.shape[1], pos=pos, k_batch=k_cache.stride(0), k_head=k_cache.stride(1),

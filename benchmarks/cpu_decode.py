@@ -43,6 +43,7 @@ from benchmarks.qwen3_shape import SHAPES, active_parameters, shaped_checkpoint 
 from benchmarks.worker import Worker  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+DECODE_ROWS = 8  # a product key of at most this many rows is a decode step's (batch 1 here: 1 row)
 PROBE_REPEATS = 3  # 1 GiB reads per reader per reading beside a run: ~0.3 s, short beside the run it brackets
 
 
@@ -76,13 +77,21 @@ PER_OPERATOR = "torch_impl/per-op"  # torch_impl with its decode steps' operator
 
 
 def chosen_paths(name: str) -> dict:
-    """The path each product shape took in this process, the seconds choosing cost, and the share of the CPUs other
-    processes used meanwhile (None where unknown; our backends only)."""
+    """The path each product shape took in this process, the seconds choosing cost (all of it, and what is left
+    without the prompt's many-row shapes: the decode shapes' cost, which issue 13 budgets at 1 s), and the share of
+    the CPUs other processes used meanwhile (None where unknown; our backends only)."""
     if name == "transformers":
-        return {"paths": {}, "choice_cost_s": 0.0, "choice_others_busy": None}
+        return {"paths": {}, "choice_cost_s": 0.0, "choice_decode_cost_s": 0.0, "choice_others_busy": None}
     paths = __import__(f"{name.split('/')[0]}.linear", fromlist=["PATHS"]).PATHS
-    shapes = {" ".join(map(str, key)): choice.path for key, choice in sorted(paths.chosen().items(), key=str)}
-    return {"paths": shapes, "choice_cost_s": paths.cost(), "choice_others_busy": paths.others_busy()}
+    chosen = paths.chosen()
+    shapes = {" ".join(map(str, key)): choice.path for key, choice in sorted(chosen.items(), key=str)}
+    prompt = sum(choice.cost for key, choice in chosen.items() if key[0] > DECODE_ROWS)  # a key's first item: rows
+    return {
+        "paths": shapes,
+        "choice_cost_s": paths.cost(),
+        "choice_decode_cost_s": paths.cost() - prompt,
+        "choice_others_busy": paths.others_busy(),
+    }
 
 
 def fractions(result: dict) -> str:
@@ -211,7 +220,7 @@ def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> di
               f"(runs: decode {', '.join(f'{d:.2f}' for d in decode)})")  # fmt: skip
         if r["paths"]:
             taken = ", ".join(f"{shape}: {path}" for shape, path in r["paths"].items())
-            cost = f"choosing took {r['choice_cost_s']:.2f} s"
+            cost = f"choosing took {r['choice_cost_s']:.2f} s ({r['choice_decode_cost_s']:.2f} s the decode shapes)"
             if r["choice_others_busy"] is not None:
                 cost += f" (other processes used {r['choice_others_busy']:.0%} of the CPUs meanwhile)"
             print(f"  {'':18s} paths (rows in out dtype, bias or layout): {taken}; {cost}")

@@ -1,6 +1,7 @@
 """benchmarks/cpu_decode.py's `--jax-compilation-cache`: the option the benchmark offers for JAX's persistent
 compilation cache. Each check runs in a fresh process, as the benchmark's worker does: the cache is JAX's global
-setting, taken by a process's first compilation, and this test process already has its own (tests/conftest.py)."""
+setting, taken by a process's first compilation, and this test process already has its own (tests/conftest.py).
+And `chosen_paths`, which reports what choosing cost, the decode shapes' part apart."""
 
 from __future__ import annotations
 
@@ -50,3 +51,21 @@ def test_a_cache_path_that_is_not_a_directory_is_refused_before_any_worker_start
     assert done.returncode == 2
     assert f"--jax-compilation-cache {taken}: not a usable directory" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_choosing_cost_of_the_decode_shapes_leaves_out_the_prompts():
+    from benchmarks.cpu_decode import chosen_paths
+    from spec.path_choice import Choice
+    from torch_impl.linear import PATHS
+
+    saved = PATHS.chosen()
+    PATHS.clear()
+    try:
+        PATHS._chosen[(1, 1024, 2048, "float32", False)] = Choice("gemv", {}, 0.25)
+        PATHS._chosen[(128, 1024, 2048, "float32", False)] = Choice("onednn", {}, 0.5)
+        report = chosen_paths("torch_impl")
+    finally:
+        PATHS.clear()
+        PATHS._chosen.update(saved)
+    assert report["choice_cost_s"] == 0.75 and report["choice_decode_cost_s"] == 0.25
+    assert report["paths"] == {"1 1024 2048 float32 False": "gemv", "128 1024 2048 float32 False": "onednn"}

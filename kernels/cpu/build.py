@@ -22,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 
 from spec.default import default_cache_dir
@@ -75,6 +76,20 @@ def load(name: str, include_dirs: tuple[str, ...] = ()) -> ctypes.CDLL | None:
             reason = f"building {name} failed: {_last_lines(err)}"
     _why[name] = reason
     return None
+
+
+def functions(name: str, symbols: Mapping[Hashable, tuple[str, list]]) -> dict[Hashable, ctypes._CFuncPtr] | None:
+    """The library `name`'s functions for ctypes calls, `symbols` mapping a caller's key (a dtype, say) to (the C
+    symbol, its argument types), each returning void; None where the library cannot be loaded (`load`)."""
+    lib = load(name)
+    if lib is None:
+        return None
+    table = {}
+    for key, (symbol, argtypes) in symbols.items():
+        fn = getattr(lib, symbol)
+        fn.argtypes, fn.restype = argtypes, None
+        table[key] = fn
+    return table
 
 
 def _unsupported() -> str | None:

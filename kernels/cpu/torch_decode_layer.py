@@ -81,13 +81,10 @@ class LayerWeights:
 
 @functools.cache
 def _functions() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
-    lib = build.load("decode_layer")
-    if lib is None:
-        return None
-    table = {torch.float32: lib.decode_layer_f32, torch.bfloat16: lib.decode_layer_bf16}
-    for fn in table.values():
-        fn.argtypes, fn.restype = [ctypes.POINTER(_DecodeLayer)], None
-    return table
+    argtypes = [ctypes.POINTER(_DecodeLayer)]
+    return build.functions(
+        "decode_layer", {torch.float32: ("decode_layer_f32", argtypes), torch.bfloat16: ("decode_layer_bf16", argtypes)}
+    )
 
 
 def available() -> bool:

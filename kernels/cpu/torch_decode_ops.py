@@ -42,16 +42,12 @@ _OFF = Switch("torch_decode_ops.off")
 
 @functools.cache
 def _functions() -> dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None:
-    lib = build.load("decode_ops")
-    if lib is None:
-        return None
-    table = {}
-    for name, argtypes in _SIGNATURES.items():
-        for dtype, suffix in _SUFFIX.items():
-            fn = getattr(lib, f"{name}_{suffix}")
-            fn.argtypes, fn.restype = argtypes, None
-            table[name, dtype] = fn
-    return table
+    symbols = {
+        (name, dtype): (f"{name}_{suffix}", argtypes)
+        for name, argtypes in _SIGNATURES.items()
+        for dtype, suffix in _SUFFIX.items()
+    }
+    return build.functions("decode_ops", symbols)
 
 
 def available() -> bool:

@@ -25,14 +25,13 @@ _P, _L = ctypes.c_void_p, ctypes.c_long
 
 @functools.cache
 def _functions() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
-    lib = build.load("gemv")
-    if lib is None:
-        return None
-    table = {torch.float32: lib.gemv_rows_f32, torch.bfloat16: lib.gemv_rows_bf16}
-    for fn in table.values():
-        fn.argtypes, fn.restype = [_P, _P, _P, _P, _L, _L, _L], None
-    if lib.gemv_max_rows() != MAX_ROWS:
-        raise RuntimeError(f"kernels/cpu/gemv.c MAX_ROWS {lib.gemv_max_rows()} != torch_gemv.MAX_ROWS {MAX_ROWS}")
+    argtypes = [_P, _P, _P, _P, _L, _L, _L]
+    table = build.functions(
+        "gemv", {torch.float32: ("gemv_rows_f32", argtypes), torch.bfloat16: ("gemv_rows_bf16", argtypes)}
+    )
+    max_rows = None if table is None else build.load("gemv").gemv_max_rows()
+    if table is not None and max_rows != MAX_ROWS:
+        raise RuntimeError(f"kernels/cpu/gemv.c MAX_ROWS {max_rows} != torch_gemv.MAX_ROWS {MAX_ROWS}")
     return table
 
 

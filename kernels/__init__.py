@@ -9,6 +9,7 @@ backends can resolve the `kernels=` argument without pulling in the other framew
 from __future__ import annotations
 
 from importlib import metadata
+from pathlib import Path
 
 from spec.errors import InputError
 
@@ -31,11 +32,15 @@ def resolve_kernels(choice: str, *, on_gpu: bool) -> str:
     return choice
 
 
+def _submodule(name: str) -> bool:
+    return any((Path(root) / name).is_dir() or (Path(root) / f"{name}.py").is_file() for root in __path__)
+
+
 def __getattr__(name: str) -> object:
     """A name this package lacks. Where Hugging Face's `kernels` distribution is installed too, the name is probably
     one of its own: both are imported as `kernels`, and this package shadows it (transformers 5.25 and later import it
     on loading any model), so say so instead of a bare "cannot import name"."""
-    if name.startswith("__"):
+    if name.startswith("__") or _submodule(name):  # the import system asks before it imports `from kernels import cpu`
         raise AttributeError(name)
     try:
         other = metadata.version("kernels")

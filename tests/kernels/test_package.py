@@ -16,6 +16,8 @@ def test_a_name_of_hugging_faces_kernels_says_which_package_shadows_which(monkey
     with pytest.raises(ImportError, match=r"shadows Hugging Face's `kernels` 0\.19\.1.*transformers<5\.25"):
         from kernels import CUDAProperties  # noqa: F401
     assert not hasattr(kernels, "__wrapped__")  # dunder probes (inspect, pytest) still see a plain AttributeError
+    with pytest.raises(AttributeError):  # a submodule not imported yet: `from kernels import cpu` then imports it
+        kernels.__getattr__("cpu")
 
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)

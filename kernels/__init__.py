@@ -8,7 +8,6 @@ backends can resolve the `kernels=` argument without pulling in the other framew
 
 from __future__ import annotations
 
-from importlib import metadata
 from pathlib import Path
 
 from spec.errors import InputError
@@ -40,6 +39,8 @@ def __getattr__(name: str) -> object:
     """A name this package lacks. Where Hugging Face's `kernels` distribution is installed too, the name is probably
     one of its own: both are imported as `kernels`, and this package shadows it (transformers 5.25 and later import it
     on loading any model), so say so instead of a bare "cannot import name"."""
+    from importlib import metadata  # here, not at import: only a missing name needs it
+
     if name.startswith("__") or _submodule(name):  # the import system asks before it imports `from kernels import cpu`
         raise AttributeError(name)
     try:

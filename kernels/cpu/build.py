@@ -36,9 +36,9 @@ REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what gemv.c is compil
 SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they include, all hashed into its name
     "gemv": ("gemv.c",),
     "gemv_xla": ("gemv.c", "gemv_ffi.cc", "xla_pool.h"),
-    "decode_ops": ("decode_ops.c",),
-    "decode_ops_xla": ("decode_ops.c", "decode_ops_ffi.cc", "xla_pool.h"),
-    "decode_layer": ("gemv.c", "decode_ops.c", "decode_layer.c"),  # one layer of a decode step from both
+    "decode_ops": ("decode_ops.c", "bf16.h"),
+    "decode_ops_xla": ("decode_ops.c", "decode_ops_ffi.cc", "xla_pool.h", "bf16.h"),
+    "decode_layer": ("gemv.c", "decode_ops.c", "decode_layer.c", "bf16.h"),  # one layer of a decode step from both
 }
 
 _why: dict[str, str] = {}

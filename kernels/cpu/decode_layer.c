@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 /* The operands of one layer, row b of every [rows, ...] operand at b times its width (the launcher makes them
  * contiguous). Keys of batch row b, kv head h, slot s at k_cache + b * k_batch + h * k_head + s * head_dim; values'
  * element i of that slot at v_cache + b * v_batch + h * v_head + i * v_row + s. Biases are float32 or NULL. */
@@ -58,20 +60,9 @@ DECLARE(float, f32)
 DECLARE(uint16_t, bf16)
 
 static inline float widen_f32(float v) { return v; }
-static inline float widen_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+static inline float widen_bf16(uint16_t h) { return bf16_to_f32(h); }
 static inline float narrow_f32(float f) { return f; }
-static inline uint16_t narrow_bf16(float f) { /* decode_ops.c's rounding: to nearest, ties to even; NaN quiet */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+static inline uint16_t narrow_bf16(float f) { return f32_to_bf16(f); } /* decode_ops.c's rounding, from bf16.h */
 
 /* A product of the team: every thread computes its part of y = x W^T + b (float32), then all wait for the whole;
  * one thread rounds y to T (dst). x32 is the float32 input every thread reads. */

@@ -21,19 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* a quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                          /* to nearest, ties to even */
-    return (uint16_t)(u >> 16);
-}
+#include "bf16.h"
+
 static inline float ld_f32(const float *p, long i) { return p[i]; }
 static inline float ld_bf16(const uint16_t *p, long i) { return bf16_to_f32(p[i]); }
 static inline void st_f32(float *p, long i, float v) { p[i] = v; }

@@ -42,7 +42,7 @@ def per_operator() -> contextlib.AbstractContextManager[None]:
 
 def enabled() -> bool:
     """Outside `per_operator()`, and the kernel built here."""
-    return not _OFF.get() and _functions() is not None
+    return not _OFF.get() and available()
 
 
 class _DecodeLayer(ctypes.Structure):

@@ -12,7 +12,7 @@ def test_a_name_of_hugging_faces_kernels_says_which_package_shadows_which(monkey
 
     import kernels
 
-    monkeypatch.setattr(kernels.metadata, "version", lambda name: "0.19.1")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.19.1")
     with pytest.raises(ImportError, match=r"shadows Hugging Face's `kernels` 0\.19\.1.*transformers<5\.25"):
         from kernels import CUDAProperties  # noqa: F401
     assert not hasattr(kernels, "__wrapped__")  # dunder probes (inspect, pytest) still see a plain AttributeError
@@ -22,6 +22,6 @@ def test_a_name_of_hugging_faces_kernels_says_which_package_shadows_which(monkey
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(kernels.metadata, "version", missing)
+    monkeypatch.setattr(importlib.metadata, "version", missing)
     with pytest.raises(AttributeError, match="has no attribute 'CUDAProperties'"):
         kernels.CUDAProperties  # noqa: B018

@@ -153,20 +153,23 @@ def _operands(b: int = 1, hidden: int = 16, heads: int = 2, kv: int = 1, d: int 
     )  # fmt: skip
     x = torch.randn(b, 1, hidden)
     cos, sin = torch.ones(b, 1, d), torch.zeros(b, 1, d)
-    k_cache, v_cache = torch.zeros(b, kv, slots, d), torch.zeros(b, kv, d, slots)
+    k_cache, v_cache = torch.ones(b, kv, slots, d), torch.ones(b, kv, d, slots)  # ones: a written slot shows
     mask = torch.ones(b, 1, 2, dtype=torch.bool)
     return dict(x=x, residual=x.clone(), weights=w, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache, pos=1,
                 mask=mask, heads=heads, eps=1e-6, scale=0.5)  # fmt: skip
 
 
 def test_the_launcher_runs_a_layer_of_zero_products():
-    """With every product weight zero the attention reads zero values, so the layer's increment is zero and the new
-    residual is the input plus the old residual (add_rms_norm's rounding: exact here in float32 sums of two)."""
+    """With every product weight zero the layer's increment is zero whatever the attention reads, the new residual is
+    the input plus the old residual (add_rms_norm's rounding: exact here in float32 sums of two), and the step's
+    zero keys and values land in slot `pos` of a cache of ones, and nowhere else."""
     args = _operands()
     out, residual = torch_decode_layer.decode_layer(**args)
     assert torch.equal(out, torch.zeros_like(out))
     assert torch.equal(residual, args["x"] + args["residual"])
     assert torch.equal(args["k_cache"][:, :, 1], torch.zeros(1, 1, 8))  # slot 1 written (zeros, normed: zeros)
+    assert torch.equal(args["v_cache"][..., 1], torch.zeros(1, 1, 8))
+    assert torch.equal(args["k_cache"][:, :, [0, 2, 3]], torch.ones(1, 1, 3, 8))  # no other slot touched
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,16 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
     "gemv_xla": ("gemv.c", "gemv_ffi.cc", "xla_pool.h"),
     "decode_ops": ("decode_ops.c", "bf16.h"),
     "decode_ops_xla": ("decode_ops.c", "decode_ops_ffi.cc", "xla_pool.h", "bf16.h"),
-    "decode_layer": ("gemv.c", "decode_ops.c", "decode_layer.c", "bf16.h"),  # one layer of a decode step from both
+    "decode_layer": ("gemv.c", "decode_ops.c", "decode_layer.c", "decode_layer.h", "bf16.h"),  # a layer from both
+    "decode_layer_xla": (
+        "gemv.c",
+        "decode_ops.c",
+        "decode_layer.c",
+        "decode_layer_ffi.cc",
+        "decode_layer.h",
+        "xla_pool.h",
+        "bf16.h",
+    ),
 }
 
 _why: dict[str, str] = {}

@@ -14,17 +14,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu import build
+from kernels.cpu import build, decode_layer_operands
+from kernels.cpu.decode_layer_operands import LayerWeights
 from kernels.cpu.switch import Switch
 
 _L, _F, _I, _P = ctypes.c_long, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
-_LONGS = ("rows", "hidden", "heads", "kv_heads", "head_dim", "rotated", "inter", "pos")
+_LONGS = ("rows", "hidden", "heads", "kv_heads", "head_dim", "rotated", "inter", "pos", "mask_row")
 _STRIDES = ("k_batch", "k_head", "v_batch", "v_head", "v_row")
-_BIASES = frozenset(("bq", "bk", "bv", "bo", "bgu", "bd"))
 _POINTERS = (
     "x", "residual", "input_norm", "post_norm", "q_norm", "k_norm", "wq", "wk", "wv", "wo", "wgu", "wd",
     "bq", "bk", "bv", "bo", "bgu", "bd", "cos", "sin", "k_cache", "v_cache", "mask", "out", "residual_out",
@@ -46,37 +45,14 @@ def enabled() -> bool:
 
 
 class _DecodeLayer(ctypes.Structure):
-    """decode_layer.c's DecodeLayer, field for field."""
+    """decode_layer.h's DecodeLayer, field for field."""
 
     _fields_ = [
         *[(name, _L) for name in (*_LONGS, *_STRIDES)],
         *[(name, _F) for name in ("eps", "offset", "scale", "cap")],
-        ("float32_weight", _I),
+        *[(name, _I) for name in ("float32_weight", "cols")],
         *[(name, _P) for name in _POINTERS],
     ]
-
-
-@dataclass(frozen=True)
-class LayerWeights:
-    """One layer's parameters as the kernel reads them: products [out, in] contiguous in the activations' dtype,
-    biases [out] or None, norms [dim]; q_norm and k_norm [head_dim] (per head), or both None (no q/k norm)."""
-
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    wq: torch.Tensor
-    wk: torch.Tensor
-    wv: torch.Tensor
-    wo: torch.Tensor
-    wgu: torch.Tensor
-    wd: torch.Tensor
-    bq: torch.Tensor | None = None
-    bk: torch.Tensor | None = None
-    bv: torch.Tensor | None = None
-    bo: torch.Tensor | None = None
-    bgu: torch.Tensor | None = None
-    bd: torch.Tensor | None = None
 
 
 @functools.cache
@@ -104,36 +80,25 @@ def _check(x, residual, w: LayerWeights, cos, sin, k_cache, v_cache, pos, mask, 
     if k_cache.dim() != 4 or k_cache.shape[0] != b:
         raise _refuse(f"k_cache must be [{b}, n_kv, S, d]; got {tuple(k_cache.shape)}")
     _, kv_heads, slots, d = k_cache.shape
-    if heads % kv_heads or not 0 <= pos < slots:
-        raise _refuse(
-            f"{heads} heads over {kv_heads} kv heads, slot {pos} of {slots}: heads must be a multiple, 0 <= slot < S"
-        )
-    inter = w.wd.shape[1] if w.wd.dim() == 2 else -1
-    f32, qk, kvd, r = torch.float32, heads * d, kv_heads * d, cos.shape[-1]
-    operands = (  # (name, tensor, shape, dtype, may be None): a decode step checks all 22, so one flat pass
-        ("residual", residual, (b, 1, hidden), dtype, True), ("input_norm", w.input_norm, (hidden,), dtype, False),
-        ("post_norm", w.post_norm, (hidden,), dtype, False), ("q_norm", w.q_norm, (d,), dtype, True),
-        ("k_norm", w.k_norm, (d,), dtype, True), ("wq", w.wq, (qk, hidden), dtype, False),
-        ("wk", w.wk, (kvd, hidden), dtype, False), ("wv", w.wv, (kvd, hidden), dtype, False),
-        ("wo", w.wo, (hidden, qk), dtype, False), ("wgu", w.wgu, (2 * inter, hidden), dtype, False),
-        ("wd", w.wd, (hidden, inter), dtype, False), ("bq", w.bq, (qk,), dtype, True),
-        ("bk", w.bk, (kvd,), dtype, True), ("bv", w.bv, (kvd,), dtype, True), ("bo", w.bo, (hidden,), dtype, True),
-        ("bgu", w.bgu, (2 * inter,), dtype, True), ("bd", w.bd, (hidden,), dtype, True),
-        ("k_cache", k_cache, (b, kv_heads, slots, d), dtype, False),
-        ("v_cache", v_cache, (b, kv_heads, d, slots), dtype, False), ("cos", cos, (b, 1, r), f32, False),
-        ("sin", sin, (b, 1, r), f32, False), ("mask", mask, (b, 1, pos + 1), torch.bool, False),
+    if not 0 <= pos < slots:
+        raise _refuse(f"slot {pos} of {slots}: the slot written must be 0 <= slot < S")
+    kinds = {"act": dtype, "float32": torch.float32, "bool": torch.bool}
+    operands = decode_layer_operands.expected(  # a decode step checks all 22, so one flat pass
+        residual, w, cos, sin, k_cache, v_cache, mask, rows=b, hidden=hidden, heads=heads, mask_keys=pos + 1,
+        cols=False,
     )  # fmt: skip
     for name, tensor, shape, kind, optional in operands:
         if tensor is None:
             if optional:
                 continue
             raise _refuse(f"{name} is required")
-        if tensor.shape != shape or tensor.dtype is not kind or not tensor.is_cpu:
-            raise _refuse(f"{name} must be {list(shape)} {kind} on the CPU; got {tuple(tensor.shape)} {tensor.dtype}")
-    if (w.q_norm is None) != (w.k_norm is None):
-        raise _refuse("q_norm and k_norm come together (per-head q/k norms) or not at all")
-    if r % 2 or r > d:
-        raise _refuse(f"cos and sin [B, 1, r] need r even and r <= head_dim {d}; got r = {r}")
+        if tensor.shape != shape or tensor.dtype is not kinds[kind] or not tensor.is_cpu:
+            raise _refuse(
+                f"{name} must be {list(shape)} {kinds[kind]} on the CPU; got {tuple(tensor.shape)} {tensor.dtype}"
+            )
+    problem = decode_layer_operands.structure_problem(w, heads, tuple(k_cache.shape), cos.shape[-1])
+    if problem is not None:
+        raise _refuse(problem)
     if k_cache.stride() != (kv_heads * slots * d, slots * d, d, 1) or v_cache.stride() != (
         kv_heads * d * slots, d * slots, slots, 1,
     ):  # fmt: skip
@@ -174,13 +139,13 @@ def decode_layer(
     x, cos, sin, mask = x.contiguous(), cos.contiguous(), sin.contiguous(), mask.contiguous()
     residual = None if residual is None else residual.contiguous()
     operands = {}  # bound until the call: a temporary's memory is freed with it
-    for name, t in vars(weights).items():
-        operands[name] = None if t is None else (t.float() if name in _BIASES else t).contiguous()  # biases: f32
+    for name, t in vars(weights).items():  # biases in float32
+        operands[name] = None if t is None else (t.float() if name in decode_layer_operands.BIASES else t).contiguous()
     layer = _DecodeLayer(
         rows=b, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=d, rotated=cos.shape[-1],
-        inter=weights.wd.shape[1], pos=pos, k_batch=k_cache.stride(0), k_head=k_cache.stride(1),
+        inter=weights.wd.shape[1], pos=pos, mask_row=pos + 1, k_batch=k_cache.stride(0), k_head=k_cache.stride(1),
         v_batch=v_cache.stride(0), v_head=v_cache.stride(1), v_row=v_cache.stride(2), eps=eps, offset=offset,
-        scale=scale, cap=0.0 if softcap is None else softcap, float32_weight=float32_weight,
+        scale=scale, cap=0.0 if softcap is None else softcap, float32_weight=float32_weight, cols=0,
         x=x.data_ptr(), residual=None if residual is None else residual.data_ptr(), cos=cos.data_ptr(),
         sin=sin.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), mask=mask.data_ptr(),
         out=out.data_ptr(), residual_out=residual_out.data_ptr(),

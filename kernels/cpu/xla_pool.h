@@ -1,7 +1,7 @@
-// Share: running a custom call's independent items on XLA's own intra-op thread pool, for the XLA FFI handlers of
-// the CPU kernels (gemv_ffi.cc, decode_ops_ffi.cc). Not an OpenMP team: a second set of threads beside XLA's, on a
-// machine with as many cores as XLA has threads, streamed a decode step's chain of products slower than XLA's own
-// dot (docs/benchmarks.md).
+// Share and SharePhases: running a custom call's independent items on XLA's own intra-op thread pool, for the XLA
+// FFI handlers of the CPU kernels (gemv_ffi.cc, decode_ops_ffi.cc, decode_layer_ffi.cc). Not an OpenMP team: a
+// second set of threads beside XLA's, on a machine with as many cores as XLA has threads, streamed a decode step's
+// chain of products slower than XLA's own dot (docs/benchmarks.md).
 #pragma once
 
 #include <immintrin.h>
@@ -35,4 +35,38 @@ static void Share(ffi::ThreadPool &pool, long helpers, long items, F f) {
     for (long h = 0; h < helpers && h + 1 < items; h++) pool.Schedule(decltype(take)(take));  // a copy each
     take();
     while (work->done.load(std::memory_order_acquire) < items) _mm_pause();
+}
+
+// f(phase, item) for every item of every phase in order, item in [0, items[phase]): Share's claiming, phase after
+// phase, by this thread and `helpers` tasks on XLA's pool that each stay for the whole sequence, so the pool is
+// woken once per call instead of once per phase. Every item of a phase ends before any of the next begins: a thread
+// that runs out of items waits for those others have claimed to finish. Nobody waits for a helper that has not
+// started, so the caller finishes alone where the pool is busy, and a helper that starts late finds nothing left
+// in the phases already done.
+struct Phases {
+    std::unique_ptr<std::atomic<long>[]> next, done;
+    std::unique_ptr<long[]> items;
+    long phases = 0;
+};
+
+template <typename F>
+static void SharePhases(ffi::ThreadPool &pool, long helpers, const long *items, long phases, F f) {
+    auto work = std::make_shared<Phases>();
+    work->next.reset(new std::atomic<long>[phases]());
+    work->done.reset(new std::atomic<long>[phases]());
+    work->items.reset(new long[phases]);
+    work->phases = phases;
+    for (long p = 0; p < phases; p++) work->items[p] = items[p];
+    auto take = [work, f] {
+        for (long p = 0; p < work->phases; p++) {
+            const long n = work->items[p];
+            for (long i; (i = work->next[p].fetch_add(1, std::memory_order_relaxed)) < n;) {
+                f(p, i);
+                work->done[p].fetch_add(1, std::memory_order_release);
+            }
+            while (work->done[p].load(std::memory_order_acquire) < n) _mm_pause();
+        }
+    };
+    for (long h = 0; h < helpers; h++) pool.Schedule(decltype(take)(take));  // a copy each
+    take();
 }

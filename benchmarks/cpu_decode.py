@@ -17,7 +17,8 @@ One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat1
 - torch_impl's decode against the same model with its decode steps' norms, RoPE and attention kept on the
   reference operators (REFERENCE_OPS: what kernels/cpu/decode_ops.c is worth on this machine), and against the
   same model with those operators in C but called one by one (PER_OPERATOR: what running a layer's decode step as
-  one call, kernels/cpu/decode_layer.c, is worth).
+  one call, kernels/cpu/decode_layer.c, is worth); jax_impl's against the same model with its decode steps' layers
+  left to XLA's operators (JAX_PER_OPERATOR: what the same layer call, through XLA's FFI, is worth).
 `--json PATH` writes the same figures. Timings are never asserted in tests: this script is where they live.
 """
 
@@ -74,6 +75,7 @@ class TokenClock:
 
 REFERENCE_OPS = "torch_impl/ref-ops"  # torch_impl with its decode steps' norms, RoPE and attention on the reference
 PER_OPERATOR = "torch_impl/per-op"  # torch_impl with its decode steps' operators called one by one, not per layer
+JAX_PER_OPERATOR = "jax_impl/per-op"  # jax_impl with its decode steps' layers as XLA's operators, not one call each
 
 
 def chosen_paths(name: str) -> dict:
@@ -136,6 +138,10 @@ def load_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, new
             from kernels.cpu import torch_decode_layer
 
             ops = torch_decode_layer.per_operator
+        elif name == JAX_PER_OPERATOR:  # the same model, its decode steps' layers as XLA's operators
+            from kernels.cpu import jax_decode_layer
+
+            ops = jax_decode_layer.per_operator
 
         def run(n: int = new_tokens) -> list[float]:
             clock.reset()
@@ -161,7 +167,7 @@ def serve(name: str, args: argparse.Namespace) -> None:
     directory = shaped_checkpoint(args.model, args.dtype)
     vocab = spec.ModelSpec.from_pretrained(directory).vocab_size
     prompt = np.random.default_rng(0).integers(0, vocab, (1, args.prompt_len))
-    cache = args.jax_compilation_cache if name == "jax_impl" else None
+    cache = args.jax_compilation_cache if name.startswith("jax_impl") else None
     entries = use_jax_compilation_cache(cache) if cache else None
     rates = load_backend(name, directory, args.dtype, prompt, args.new_tokens)
     start = time.perf_counter()
@@ -275,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = in_subprocess("machine", args)
     flops = machine["matmul_flops"]
     print(f"  matmul {flops / 1e9:.0f} GFLOP/s, weights {weight_bytes / 1e9:.2f} GB/token")
-    results = interleaved_backends(("transformers", "torch_impl", PER_OPERATOR, REFERENCE_OPS, "jax_impl"), args)
+    names = ("transformers", "torch_impl", PER_OPERATOR, REFERENCE_OPS, "jax_impl", JAX_PER_OPERATOR)
+    results = interleaved_backends(names, args)
     # Read before and after the backends too. The highest of every reading is the run's limit: a backend set against
     # it was measured against the machine at its best minute. Each run's own limit is the mean of the readings just
     # before and after it (Probe): these VMs' read rate moves by nearly 2x within a minute (docs/benchmarks.md), so that
@@ -314,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         f"  torch_impl's layers each one call in a decode step (kernels/cpu/decode_layer.c): decode "
         f"x{results['torch_impl']['decode_tok_s'] / per_op['decode_tok_s']:.2f} over the same model calling those "
         f"operators one by one, which decodes at {fractions(per_op)}"
+    )
+    jax_per_op = results[JAX_PER_OPERATOR]
+    print(
+        f"  jax_impl's layers each one call in a decode step (kernels/cpu/decode_layer_ffi.cc): decode "
+        f"x{results['jax_impl']['decode_tok_s'] / jax_per_op['decode_tok_s']:.2f} over the same model with its layers "
+        f"as XLA's operators, which decodes at {fractions(jax_per_op)}"
     )
     print(f"  transformers  decode at {fractions(base)}")
     results["machine"] = {

@@ -20,11 +20,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_impl import linear
 from jax_impl.attention import Attention
 from jax_impl.decoder_layer_plain import ParallelDecoderLayer, PostNormDecoderLayer, add
-from jax_impl.layernorm import make_norm
+from jax_impl.layernorm import RMSNorm, make_norm
 from jax_impl.mlp import MLP
 from jax_impl.moe import SparseMoeBlock
+from kernels.cpu import jax_decode_layer
 from spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -57,6 +59,18 @@ class DecoderLayer(nnx.Module):
             self.mlp = SparseMoeBlock(spec, layer_idx, dtype=dtype, kernels=kernels, tp=tp, ep=ep, rngs=rngs)
         else:
             self.mlp = MLP(spec, layer_idx, dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
+        self.one_call = (  # the layers decode_layer.c computes; the rest of the rule is asked while tracing
+            not self.sandwich
+            and not self.sparse
+            and spec.gated_mlp
+            and spec.hidden_act == "silu"
+            and isinstance(self.input_layernorm, RMSNorm)
+            and kernels == "reference"
+            and tp == 1
+            and not spec.fused_qkv
+            and (not spec.qk_norm or spec.qk_norm_scope == "head")
+            and spec.window(layer_idx) is None
+        )
 
     def __call__(
         self,
@@ -70,6 +84,8 @@ class DecoderLayer(nnx.Module):
         routing: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, KVCache | None]:
         """`routing` [B, T, k]: a sparse layer's teacher-forced expert ids (jax_impl/moe.py)."""
+        if self.one_call and cache is not None and trace is None and self._takes_one_call(hidden, cache):
+            return self._decode_in_one_call(hidden, residual, cos, sin, mask, cache)
         if residual is None:  # layer 0: the residual stream starts as the embedding h0
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:  # residual := previous increment + residual (= the previous layer's x2)
@@ -101,6 +117,42 @@ class DecoderLayer(nnx.Module):
         if trace is not None:
             trace[f"{name}.x2"] = add(hidden, residual)
         return hidden, residual, cache
+
+    def _takes_one_call(self, hidden: jax.Array, cache: KVCache) -> bool:
+        """Whether this step runs in one call: a decode step's rows (jax_decode_layer.takes) and every product of the
+        layer on the few-row kernel, as the choices say (asked while tracing: the compiled step keeps the answer)."""
+        if not jax_decode_layer.takes(hidden, cache.k[self.layer_idx]):
+            return False
+        attn, mlp = self.self_attn, self.mlp
+        products = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return linear.takes_gemv(products, hidden.shape[0], hidden.dtype)
+
+    def _decode_in_one_call(
+        self, hidden: jax.Array, residual: jax.Array | None, cos, sin, mask, cache: KVCache
+    ) -> tuple[jax.Array, jax.Array, KVCache]:
+        """This layer's decode step as jax_decode_layer.decode_layer: the new keys and values written in place at the
+        cache's next slot, the slot recorded as cache.update records it."""
+        attn, mlp, norm = self.self_attn, self.mlp, self.input_layernorm
+
+        def value(param: nnx.Param | None) -> jax.Array | None:
+            return None if param is None else param[...]
+
+        weights = jax_decode_layer.LayerWeights(
+            norm.weight[...], self.post_attention_layernorm.weight[...],
+            None if attn.q_norm is None else attn.q_norm.weight[...],
+            None if attn.k_norm is None else attn.k_norm.weight[...],
+            *(p.kernel[...] for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_up_proj)),
+            mlp.down_proj.kernel[...],
+            *(value(p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_up_proj)),
+            value(mlp.down_proj.bias),
+        )  # fmt: skip
+        i = self.layer_idx
+        hidden, residual, k, v = jax_decode_layer.decode_layer(
+            hidden, residual, weights, cos, sin, cache.k[i], cache.v[i], cache.length, mask,
+            heads=attn.num_heads, eps=norm.eps, scale=attn.scale, softcap=attn.softcap, offset=norm.offset,
+            float32_weight=norm.float32_weight,
+        )  # fmt: skip
+        return hidden, residual, cache.written(i, k, v, 1)
 
 
 def decoder_layer(

@@ -27,7 +27,7 @@ from jax_impl.kv_cache import DONATE_CACHE, KVCache
 from jax_impl.model import CausalLM, attention_masks, default_positions
 from jax_impl.tensor_parallel import sharded_steps
 from jax_impl.vocab_parallel import DATA, gather_logits, greedy_token
-from kernels.cpu import jax_decode_ops
+from kernels.cpu import jax_decode_layer, jax_decode_ops
 from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
 
 
@@ -84,15 +84,21 @@ def _decode_step(graphdef, params: SamplingParams, state, cache: KVCache, token,
     return token, logits, cache.advance(1), key_valid, finished
 
 
+def _kernels() -> tuple[bool, bool]:
+    """The CPU decode kernels allowed here, part of a compiled step's key: a step traced under
+    jax_decode_ops.reference_only() keeps the reference, one under jax_decode_layer.per_operator() its per-operator
+    layers, so each setting has its own pair of functions (and its own compilations)."""
+    return jax_decode_ops.enabled(), jax_decode_layer.enabled()
+
+
 def step_functions(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams) -> tuple[Callable, Callable]:
-    """`_step_functions` for the kernels allowed here: a step traced under jax_decode_ops.reference_only() keeps the
-    reference, and one traced outside it the kernels, so each setting has its own pair (and its own compilations)."""
-    return _step_functions(graphdef, treedef, params, jax_decode_ops.enabled())
+    """`_step_functions` for the kernels allowed here (`_kernels`)."""
+    return _step_functions(graphdef, treedef, params, _kernels())
 
 
 @lru_cache(maxsize=16)
 def _step_functions(
-    graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams, kernels: bool
+    graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams, kernels: tuple[bool, bool]
 ) -> tuple[Callable, Callable]:
     """(prefill, decode_step) for one model structure and sampling setup, taking the state as its flat leaves.
 
@@ -108,7 +114,11 @@ def _step_functions(
 
     def decode_step(leaves: list[jax.Array], cache: KVCache, token, key_valid, finished, key, eos):
         state = jax.tree.unflatten(treedef, leaves)
-        with contextlib.nullcontext() if kernels else jax_decode_ops.reference_only():  # as when it was keyed
+        ops, layers = kernels  # as when it was keyed
+        with (
+            contextlib.nullcontext() if ops else jax_decode_ops.reference_only(),
+            contextlib.nullcontext() if layers else jax_decode_layer.per_operator(),
+        ):
             return _decode_step(graphdef, params, state, cache, token, key_valid, finished, key, eos)
 
     return prefill, decode_step
@@ -117,12 +127,12 @@ def _step_functions(
 def compiled_steps(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams) -> tuple[Callable, Callable]:
     """The jit-compiled (prefill, decode_step): one per model structure, sampling setup and `step_functions`'
     kernel setting, each compiling once per request shape (batch, prompt length, cache length)."""
-    return _compiled_steps(graphdef, treedef, params, jax_decode_ops.enabled())
+    return _compiled_steps(graphdef, treedef, params, _kernels())
 
 
 @lru_cache(maxsize=16)
 def _compiled_steps(
-    graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams, kernels: bool
+    graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams, kernels: tuple[bool, bool]
 ) -> tuple[Callable, Callable]:
     prefill, decode_step = _step_functions(graphdef, treedef, params, kernels)
     return jax.jit(prefill, **DONATE_CACHE), jax.jit(decode_step, **DONATE_CACHE)

@@ -106,13 +106,18 @@ class KVCache:
             index = (end - kept + jnp.arange(kept)) % c  # [kept], distinct since kept <= C
             k_all = cache_k.at[:, :, index].set(k[:, :, t - kept :], unique_indices=True)
             v_all = cache_v.at[..., index].set(v[..., t - kept :], unique_indices=True)
-        new = dataclasses.replace(
+        return self.written(layer, k_all, v_all, t), k_out, v_out
+
+    def written(self, layer: int, k: jax.Array, v: jax.Array, steps: int) -> KVCache:
+        """The cache with layer `layer`'s buffers replaced by k and v, into which `steps` new slots were written from
+        `length` on (by `update`, or in place by the CPU decode kernel: kernels/cpu/jax_decode_layer.py): the slots
+        asked for are recorded for `check`."""
+        return dataclasses.replace(
             self,
-            k=self.k[:layer] + (k_all,) + self.k[layer + 1 :],
-            v=self.v[:layer] + (v_all,) + self.v[layer + 1 :],
-            requested=jnp.maximum(self.requested, end),
+            k=self.k[:layer] + (k,) + self.k[layer + 1 :],
+            v=self.v[:layer] + (v,) + self.v[layer + 1 :],
+            requested=jnp.maximum(self.requested, self.length + steps),
         )
-        return new, k_out, v_out
 
     def key_slots(self, steps: int) -> jax.Array:
         """The absolute slot of each key a ring layer's `update` returns for `steps` new keys: [C + steps] int32,

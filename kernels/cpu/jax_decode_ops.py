@@ -65,14 +65,19 @@ def enabled() -> bool:
     return not _OFF.get()
 
 
+def decoding() -> bool:
+    """Inside `decode_steps()` and not `reference_only()`: where generation's decode step may take the CPU kernels
+    (this one, and jax_decode_layer's whole layer)."""
+    return _DECODING.get() and not _OFF.get()
+
+
 def takes(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
     """Whether a layer attends with the kernel: q [B, 1, n_kv, g, d] with 0 < B <= MAX_ROWS inside `decode_steps()`
     and not `reference_only()`, k and v of q's dtype (float32 or bfloat16), the CPU backend with no mesh (under
     one the partitioner owns the layout), the kernel built."""
     dtype = jnp.dtype(q.dtype)
     return (
-        _DECODING.get()
-        and not _OFF.get()
+        decoding()
         and dtype.name in _TARGETS
         and k.dtype == dtype
         and v.dtype == dtype

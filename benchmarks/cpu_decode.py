@@ -45,6 +45,7 @@ from benchmarks.worker import Worker  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 DECODE_ROWS = 8  # a product key of at most this many rows is a decode step's (batch 1 here: 1 row)
+SUSPECT_PROBE = 0.75  # readings beside the runs all below this share of both fresh processes' readings: not usable
 PROBE_REPEATS = 3  # 1 GiB reads per reader per reading beside a run: ~0.3 s, short beside the run it brackets
 
 
@@ -296,6 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{min(adjacent) / 1e9:.1f}-{max(adjacent) / 1e9:.1f} GB/s beside the runs; the highest -> decode limit "
         f"{limit:.2f} tok/s"
     )
+    suspect = max(adjacent) < SUSPECT_PROBE * min(ends)
+    if suspect:
+        print(
+            f"  WARNING: every reading beside the runs ({max(adjacent) / 1e9:.1f} GB/s at most) fell below "
+            f"{SUSPECT_PROBE:.0%} of both fresh processes' ({min(ends) / 1e9:.1f} GB/s at least): the probe's own "
+            f"process read slowly (seen once with six backends resident), not the machine, so the fractions of each "
+            f"run's own limit below are not usable in this run; take those of the highest reading"
+        )
     for name in results:
         r = results[name]
         r["decode_fraction_of_limit"] = r["decode_tok_s"] / limit
@@ -339,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "weight_bytes_per_token": weight_bytes,
         "dense_weight_bytes": dense_bytes,
         "decode_limit_tok_s": limit,
+        "adjacent_readings_suspect": suspect,
     }
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -85,7 +85,7 @@ static long chunks(const DecodeLayer *L, long in) { return L->cols ? gemv_cols_c
 
 /* The products of a product phase or its finish: q, k and v (3), or the one of o, gate_up, down. y and the partials
  * are shared by phases that never overlap; q, k and v each have their own. */
-static int products(const DecodeLayer *L, const Scratch *s, long phase, Product *p) {
+static void products(const DecodeLayer *L, const Scratch *s, long phase, Product *p) {
     const long m = L->rows, H = L->hidden, d = L->head_dim, nq = L->heads * d, nk = L->kv_heads * d;
     const long I = L->inter, ch = chunks(L, H);
     switch (phase) {
@@ -94,12 +94,12 @@ static int products(const DecodeLayer *L, const Scratch *s, long phase, Product 
         p[0] = (Product){L->wq, L->bq, s->y, s->partials, s->q, H, nq};
         p[1] = (Product){L->wk, L->bk, s->y + m * nq, s->partials + ch * m * nq, s->k, H, nk};
         p[2] = (Product){L->wv, L->bv, s->y + m * (nq + nk), s->partials + ch * m * (nq + nk), s->v, H, nk};
-        return 3;
+        return;
     case O:
-    case O_FIN: p[0] = (Product){L->wo, L->bo, s->y, s->partials, s->o, nq, H}; return 1;
+    case O_FIN: p[0] = (Product){L->wo, L->bo, s->y, s->partials, s->o, nq, H}; return;
     case GU:
-    case GU_FIN: p[0] = (Product){L->wgu, L->bgu, s->y, s->partials, s->gu, H, 2 * I}; return 1;
-    default: p[0] = (Product){L->wd, L->bd, s->y, s->partials, L->out, I, H}; return 1;
+    case GU_FIN: p[0] = (Product){L->wgu, L->bgu, s->y, s->partials, s->gu, H, 2 * I}; return;
+    default: p[0] = (Product){L->wd, L->bd, s->y, s->partials, L->out, I, H}; return;
     }
 }
 

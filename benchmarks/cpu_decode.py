@@ -3,7 +3,8 @@
 
 One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat16`) with bfloat16 weights:
 - prefill tokens/s for a 128-token prompt and decode tokens/s for 64 new tokens, per backend (medians of
-  `--repeats` runs; the three backends load in their own processes, then run in turn, run after run);
+  `--repeats` runs; the three backends load in their own processes, then run in turn, run after run, each backend's
+  variants below in its own process);
 - the machine's read bandwidth (a large float32 matrix-vector product, read before and after the backends and
   right before and after each run) and matmul FLOP/s, each in a process of its own (benchmarks/bandwidth.py);
 - each backend's ratio to transformers, and decode's fraction of the weight-streaming limit
@@ -30,6 +31,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -105,78 +107,103 @@ def fractions(result: dict) -> str:
     )
 
 
-def load_backend(name: str, directory: Path, dtype: str, prompt: np.ndarray, new_tokens: int):
-    """Load the backend's model; return a function that measures one generation of `new_tokens` tokens.
+VARIANTS = {  # per backend's process: the model loaded once, each variant a way of running it (the first: as shipped)
+    "transformers": ("transformers",),
+    "torch_impl": ("torch_impl", PER_OPERATOR, REFERENCE_OPS),
+    "jax_impl": ("jax_impl", JAX_PER_OPERATOR),
+}
+
+
+def variant_context(name: str):
+    """The context a variant's generations run in: none for a backend as shipped."""
+    if name == REFERENCE_OPS:  # its decode steps' small operators kept on the reference
+        from kernels.cpu import torch_decode_ops
+
+        return torch_decode_ops.reference_only
+    if name == PER_OPERATOR:  # its decode steps' operators called one at a time
+        from kernels.cpu import torch_decode_layer
+
+        return torch_decode_layer.per_operator
+    if name == JAX_PER_OPERATOR:  # its decode steps' layers as XLA's operators
+        from kernels.cpu import jax_decode_layer
+
+        return jax_decode_layer.per_operator
+    return contextlib.nullcontext
+
+
+def load_backend(backend: str, directory: Path, dtype: str, prompt: np.ndarray, new_tokens: int) -> dict:
+    """Load the backend's model once; return, per variant of it (VARIANTS), a function that measures one generation
+    of `new_tokens` tokens.
 
     Each measured generation follows a short unmeasured one: a kernel that pages out memory left idle for a
     while (these VMs' does, after about a minute) would otherwise make a memory-mapped model (transformers
     maps the checkpoint) read its weights back from disk during the measured prefill, after the other
     backends' turns."""
     clock = TokenClock()
-    if name == "transformers":
+    if backend == "transformers":
         import torch
         import transformers
 
         model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).eval()
         ids = torch.as_tensor(prompt)
 
-        def run(n: int = new_tokens) -> list[float]:
-            clock.reset()
-            with torch.inference_mode():
-                model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
-                               streamer=clock)  # fmt: skip
-            return clock.stamps[1:]  # the streamer's first put is the prompt itself
+        def generation(_context) -> Callable[[int], list[float]]:
+            def run(n: int = new_tokens) -> list[float]:
+                clock.reset()
+                with torch.inference_mode():
+                    model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                                   streamer=clock)  # fmt: skip
+                return clock.stamps[1:]  # the streamer's first put is the prompt itself
+
+            return run
 
     else:
-        backend = __import__(name.split("/")[0])
-        model = backend.from_pretrained(directory, dtype, progress=True)
-        ops = contextlib.nullcontext
-        if name == REFERENCE_OPS:  # the same model, its decode steps' small operators kept on the reference
-            from kernels.cpu import torch_decode_ops
+        module = __import__(backend)
+        model = module.from_pretrained(directory, dtype, progress=True)
 
-            ops = torch_decode_ops.reference_only
-        elif name == PER_OPERATOR:  # the same model, its decode steps' operators called one at a time
-            from kernels.cpu import torch_decode_layer
+        def generation(context) -> Callable[[int], list[float]]:
+            def run(n: int = new_tokens) -> list[float]:
+                clock.reset()
+                with context():
+                    module.generate(model, prompt, n, eos_token_ids=(), stream=clock)
+                return clock.stamps
 
-            ops = torch_decode_layer.per_operator
-        elif name == JAX_PER_OPERATOR:  # the same model, its decode steps' layers as XLA's operators
-            from kernels.cpu import jax_decode_layer
+            return run
 
-            ops = jax_decode_layer.per_operator
+    def rates_of(run: Callable[[int], list[float]], name: str) -> Callable[[], dict]:
+        def rates() -> dict:
+            run(2)  # every weight read once, unmeasured
+            stamps = run(new_tokens)
+            assert len(stamps) == new_tokens, (name, len(stamps))
+            return {
+                "prefill": prompt.shape[1] / (stamps[0] - clock.start),
+                "decode": (new_tokens - 1) / (stamps[-1] - stamps[0]),
+            }
 
-        def run(n: int = new_tokens) -> list[float]:
-            clock.reset()
-            with ops():
-                backend.generate(model, prompt, n, eos_token_ids=(), stream=clock)
-            return clock.stamps
+        return rates
 
-    def rates() -> dict:
-        run(2)  # every weight read once, unmeasured
-        stamps = run()
-        assert len(stamps) == new_tokens, (name, len(stamps))
-        return {
-            "prefill": prompt.shape[1] / (stamps[0] - clock.start),
-            "decode": (new_tokens - 1) / (stamps[-1] - stamps[0]),
-        }
-
-    return rates
+    return {name: rates_of(generation(variant_context(name)), name) for name in VARIANTS[backend]}
 
 
-def serve(name: str, args: argparse.Namespace) -> None:
-    """A backend's worker: load and warm up, then one run per "run" line on stdin, each answered with one JSON
-    line; "paths" answers with the paths its products took. The coordinator takes the backends in turn."""
+def serve(backend: str, args: argparse.Namespace) -> None:
+    """A backend's worker: load, then warm up each of its variants; then one run per "run VARIANT" line on stdin,
+    each answered with one JSON line; "paths" answers with the paths its products took (the variants share them). The
+    coordinator takes the variants of all backends in turn."""
     directory = shaped_checkpoint(args.model, args.dtype)
     vocab = spec.ModelSpec.from_pretrained(directory).vocab_size
     prompt = np.random.default_rng(0).integers(0, vocab, (1, args.prompt_len))
-    cache = args.jax_compilation_cache if name.startswith("jax_impl") else None
+    cache = args.jax_compilation_cache if backend == "jax_impl" else None
     entries = use_jax_compilation_cache(cache) if cache else None
-    rates = load_backend(name, directory, args.dtype, prompt, args.new_tokens)
-    start = time.perf_counter()
-    rates()  # warm-up: compilation, the choice of paths, allocator, caches
-    first = time.perf_counter() - start
-    print(json.dumps({"ready": name, "first_run_s": first, "compilation_cache_entries": entries}), flush=True)
+    variants = load_backend(backend, directory, args.dtype, prompt, args.new_tokens)
+    first = {}
+    for name, rates in variants.items():
+        start = time.perf_counter()
+        rates()  # warm-up: compilation, the choice of paths, allocator, caches
+        first[name] = time.perf_counter() - start
+    print(json.dumps({"ready": backend, "first_run_s": first, "compilation_cache_entries": entries}), flush=True)
     for command in sys.stdin:
-        reply = rates() if command.strip() == "run" else chosen_paths(name)
+        words = command.split()
+        reply = variants[words[1]]() if words[0] == "run" else chosen_paths(backend)
         print(json.dumps(reply), flush=True)
 
 
@@ -193,39 +220,47 @@ def use_jax_compilation_cache(directory: Path) -> int:
     return sum(1 for _ in directory.iterdir())
 
 
-def interleaved_backends(names: tuple[str, ...], args: argparse.Namespace) -> dict[str, dict]:
-    """Every backend in its own process (torch's OpenMP threads and XLA's thread pool never share the cores),
-    all loaded first, then measured in turn, run after run: a drift in the machine's speed (these VMs drift by
+def interleaved_backends(args: argparse.Namespace) -> dict[str, dict]:
+    """Every backend in its own process (torch's OpenMP threads and XLA's thread pool never share the cores), its
+    variants (VARIANTS) in that process over the one model it loaded: six models resident at once left the
+    bandwidth probe's readings beside the runs at 0.5-0.8x of a fresh process's (docs/benchmarks.md). All loaded
+    first, then every variant measured in turn, run after run: a drift in the machine's speed (these VMs drift by
     10-20% within minutes) hits every backend alike, so their ratios hold within one run of this script."""
     cmd = ["-m", "benchmarks.cpu_decode", "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
            "--dtype", args.dtype, "--model", args.model]  # fmt: skip
     if args.jax_compilation_cache:
         cmd += ["--jax-compilation-cache", str(args.jax_compilation_cache.resolve())]
     cmd.append("--serve")
-    workers = {name: Worker([*cmd, name]) for name in names}  # loaded one after another: no two loads share the cores
+    workers = {backend: Worker([*cmd, backend]) for backend in VARIANTS}  # loaded one after another
+    names = [name for variants in VARIANTS.values() for name in variants]
+    owner = {name: backend for backend, variants in VARIANTS.items() for name in variants}
     runs = {name: [] for name in names}
     probe = Probe(PROBE_REPEATS)
     for _ in range(args.repeats):
         reading = probe.read()
         for name in names:  # each run between two readings of the bandwidth: its own minute's limit
-            run, before, reading = workers[name].ask("run"), reading, probe.read()
+            run, before, reading = workers[owner[name]].ask(f"run {name}"), reading, probe.read()
             runs[name].append({**run, "read_bandwidth": (before + reading) / 2})
     probe.close()
+    paths = {backend: worker.ask("paths") for backend, worker in workers.items()}
+    for worker in workers.values():
+        worker.close()
     results = {}
     for name in names:
         prefill, decode = [r["prefill"] for r in runs[name]], [r["decode"] for r in runs[name]]
-        ready = workers[name].ready
+        ready = workers[owner[name]].ready
         results[name] = {"prefill_tok_s": statistics.median(prefill), "decode_tok_s": statistics.median(decode),
                          "prefill_runs": prefill, "decode_runs": decode,
                          "adjacent_read_bandwidths": [r["read_bandwidth"] for r in runs[name]],
-                         "first_run_s": ready["first_run_s"],
+                         "first_run_s": ready["first_run_s"][name],
                          "compilation_cache_entries": ready["compilation_cache_entries"],
-                         **workers[name].ask("paths")}  # fmt: skip
-        workers[name].close()
+                         **paths[owner[name]]}  # fmt: skip
         r = results[name]
         print(f"  {name:18s} prefill {r['prefill_tok_s']:8.1f} tok/s   decode {r['decode_tok_s']:6.2f} tok/s "
               f"(runs: decode {', '.join(f'{d:.2f}' for d in decode)})")  # fmt: skip
-        if r["paths"]:
+        if r["paths"] and name != VARIANTS[owner[name]][0]:
+            print(f"  {'':18s} paths: {owner[name]}'s (the same process)")
+        elif r["paths"]:
             taken = ", ".join(f"{shape}: {path}" for shape, path in r["paths"].items())
             cost = f"choosing took {r['choice_cost_s']:.2f} s ({r['choice_decode_cost_s']:.2f} s the decode shapes)"
             if r["choice_others_busy"] is not None:
@@ -282,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = in_subprocess("machine", args)
     flops = machine["matmul_flops"]
     print(f"  matmul {flops / 1e9:.0f} GFLOP/s, weights {weight_bytes / 1e9:.2f} GB/token")
-    names = ("transformers", "torch_impl", PER_OPERATOR, REFERENCE_OPS, "jax_impl", JAX_PER_OPERATOR)
-    results = interleaved_backends(names, args)
+    results = interleaved_backends(args)
     # Read before and after the backends too. The highest of every reading is the run's limit: a backend set against
     # it was measured against the machine at its best minute. Each run's own limit is the mean of the readings just
     # before and after it (Probe): these VMs' read rate moves by nearly 2x within a minute (docs/benchmarks.md), so that

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_impl import linear
+from jax_impl import layer_choice
 from jax_impl.attention import Attention
 from jax_impl.decoder_layer_plain import ParallelDecoderLayer, PostNormDecoderLayer, add
 from jax_impl.layernorm import RMSNorm, make_norm
@@ -84,7 +84,7 @@ class DecoderLayer(nnx.Module):
         routing: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, KVCache | None]:
         """`routing` [B, T, k]: a sparse layer's teacher-forced expert ids (jax_impl/moe.py)."""
-        if self.one_call and cache is not None and trace is None and self._takes_one_call(hidden, cache):
+        if self.one_call and cache is not None and trace is None and self._takes_one_call(hidden, cos, cache):
             return self._decode_in_one_call(hidden, residual, cos, sin, mask, cache)
         if residual is None:  # layer 0: the residual stream starts as the embedding h0
             residual, hidden = hidden, self.input_layernorm(hidden)
@@ -118,14 +118,13 @@ class DecoderLayer(nnx.Module):
             trace[f"{name}.x2"] = add(hidden, residual)
         return hidden, residual, cache
 
-    def _takes_one_call(self, hidden: jax.Array, cache: KVCache) -> bool:
-        """Whether this step runs in one call: a decode step's rows (jax_decode_layer.takes) and every product of the
-        layer on the few-row kernel, as the choices say (asked while tracing: the compiled step keeps the answer)."""
+    def _takes_one_call(self, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> bool:
+        """Whether this step runs in one call: a decode step's rows (jax_decode_layer.takes), and the call measured
+        faster than this layer's operators, or forced (jax_impl/layer_choice.py; asked while tracing: the compiled
+        step keeps the answer)."""
         if not jax_decode_layer.takes(hidden, cache.k[self.layer_idx]):
             return False
-        attn, mlp = self.self_attn, self.mlp
-        products = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        return linear.takes_gemv(products, hidden.shape[0], hidden.dtype)
+        return layer_choice.charged_choice(self, hidden, cos, cache)
 
     def _decode_in_one_call(
         self, hidden: jax.Array, residual: jax.Array | None, cos, sin, mask, cache: KVCache

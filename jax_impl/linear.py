@@ -190,17 +190,6 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
     return PATHS.choose(key, measure)
 
 
-def takes_gemv(products: Iterable[nnx.Linear], rows: int, dtype) -> bool:
-    """Whether each of `products` takes the few-row kernel ("gemv") for `rows` token rows of `dtype`, measured now
-    where its choice is due: jax_impl/decoder_layer.py asks, while tracing, before it runs a whole layer in one call
-    (torch_impl/linear.py's twin)."""
-    dims = (((1,), (0,)), ((), ()))  # x [rows, in] @ W [in, out]
-    return all(
-        path_of(jax.ShapeDtypeStruct((rows, p.in_features), dtype), p.kernel[...], dims, p.precision) == "gemv"
-        for p in products
-    )
-
-
 def _worth_timing(forms: tuple[str, ...], rows: int, dtype) -> tuple[str, ...]:
     """The forms a measurement times. Not the single dot of one bfloat16 row where this XLA lowers it through a
     float32 copy of the whole weight and the padded form reads the weight as it is (`bf16_row_dot_copies`): 10

@@ -20,6 +20,7 @@ import jax_impl
 from jax_impl import linear
 from jax_impl.generate import compiled_steps
 from jax_impl.kv_cache import KVCache
+from jax_impl.layer_choice import CHAIN, LAYERS
 from kernels.cpu import build, jax_decode_layer, jax_decode_ops
 from parity.tolerances import TOLERANCES
 from spec import DEFAULT_SPEC, InputError, ModelSpec, write_checkpoint
@@ -54,9 +55,11 @@ def traced(monkeypatch):
     return lambda: len(calls)
 
 
-def generate(model, rows: int = 3):
+def generate(model, rows: int = 3, steps: int = STEPS):
+    """A compiled step is keyed on the request's shapes, not on the forced paths it was traced under: a test that
+    needs a fresh trace asks for a number of steps no other test asks for."""
     return jax_impl.generate(
-        model, PROMPT[:rows], STEPS, attention_mask=MASK[:rows], eos_token_ids=(), return_logits=True
+        model, PROMPT[:rows], steps, attention_mask=MASK[:rows], eos_token_ids=(), return_logits=True
     )
 
 
@@ -77,7 +80,7 @@ def test_one_call_agrees_with_the_operators_step(tmp_path, traced, shape, dtype,
     attention), until the first step fed different tokens; the tokens the same up to a near-tie."""
     model = load(tmp_path, SPECS[shape], dtype)
     layers = model.spec.num_hidden_layers
-    with linear.PATHS.forced("gemv"):  # a test model's weights would keep the single dot unmeasured
+    with LAYERS.forced("one_call"):  # a test model's layer stays in cache: it would keep its operators unmeasured
         one = generate(model, rows)
         assert traced() == layers  # one trace of the decode step, every layer
         with jax_decode_layer.per_operator():
@@ -94,14 +97,39 @@ def test_one_call_agrees_with_the_operators_step(tmp_path, traced, shape, dtype,
 
 def test_the_layer_keeps_its_operators_where_the_rule_fails(tmp_path, traced):
     model = load(tmp_path, DEFAULT_SPEC, "float32")
-    generate(model)  # a test model's products keep the single dot (too small to measure): not the kernel's
-    with linear.PATHS.forced("dot"):
-        generate(model)
-    with linear.PATHS.forced("gemv"), jax_decode_ops.reference_only():  # the side-by-side reference runs
-        generate(model)
-    with linear.PATHS.forced("gemv"):
+    generate(model, steps=3)  # a test model's layer stays in cache: its operators, unmeasured
+    with LAYERS.forced("operators"):
+        generate(model, steps=4)
+    with LAYERS.forced("one_call"), jax_decode_ops.reference_only():  # the side-by-side reference runs
+        generate(model, steps=5)
+    with LAYERS.forced("one_call"):
         model(PROMPT, attention_mask=MASK)  # a forward outside generation's decode steps
     assert traced() == 0
+    with LAYERS.forced("one_call"):
+        generate(model, steps=7)  # the control: a fresh trace that takes it
+    assert traced() == model.spec.num_hidden_layers
+
+
+def test_the_choice_is_measured_once_per_shape_and_charged(tmp_path, traced, monkeypatch):
+    """Where the layer's weights count as streamed, the first trace times the call against the operators (two
+    programs over CHAIN layers) and every layer of that shape keeps the answer; the time is charged to the products'
+    choice, and the step takes what was chosen."""
+    monkeypatch.setattr(linear, "MIN_CHOICE_BYTES", 0)
+    model = load(tmp_path, DEFAULT_SPEC, "float32")
+    saved, cost = LAYERS.chosen(), linear.PATHS.cost()
+    LAYERS.clear()
+    try:
+        generate(model, steps=8)
+        chosen = LAYERS.chosen()
+        assert len(chosen) == 1  # both layers share one shape
+        (choice,) = chosen.values()
+        assert set(choice.seconds) == {"one_call", "operators"} and choice.cost > 0
+        assert linear.PATHS.cost() >= cost + choice.cost
+        taken = model.spec.num_hidden_layers if choice.path == "one_call" else 0
+        assert traced() == CHAIN + taken  # the timed call's chain, then the step's own layers if it won
+    finally:
+        LAYERS.clear()
+        LAYERS._chosen.update(saved)
 
 
 def test_sliding_layers_keep_their_operators(tmp_path, traced):
@@ -109,7 +137,7 @@ def test_sliding_layers_keep_their_operators(tmp_path, traced):
         DEFAULT_SPEC, sliding_window=4, layer_types=("sliding_attention", "full_attention")
     )
     model = load(tmp_path, spec, "float32")
-    with linear.PATHS.forced("gemv"):
+    with LAYERS.forced("one_call"):
         one = generate(model)
         with jax_decode_layer.per_operator():
             per = generate(model)
@@ -179,7 +207,7 @@ def test_a_full_cache_is_refused_on_the_host(tmp_path, traced):
     prefill, decode = compiled_steps(graphdef, treedef, SamplingParams(0.0, None, None, 0))
     cache = KVCache.create(model.module_spec, 1, 2, jnp.float32)  # room for the prompt only
     key_valid, key, eos = np.ones((1, 2), bool), jax.random.key(0), jnp.zeros((0,), jnp.int32)
-    with linear.PATHS.forced("gemv"):
+    with LAYERS.forced("one_call"):
         token, _, cache, finished = prefill(leaves, cache, np.array([[1, 2]], np.int32), key_valid, key, eos)
         cache.check()
         token, _, cache, _, _ = decode(leaves, cache, token, jnp.asarray(key_valid), finished, key, eos)

@@ -1,0 +1,121 @@
+"""Whether a dense layer's CPU decode step runs in one call (kernels/cpu/jax_decode_layer.py) or as XLA's operators,
+chosen by timing both on the machine that runs them: `LAYERS`, a spec/path_choice.py `PathChoice` of its own.
+
+The products' own choices (jax_impl/linear.py) cannot decide it. Timed alone, XLA's split contraction or single dot
+and the few-row kernel stream a decode-sized weight within each other's noise on some machines (one process in two
+took another form than the kernel for at least one of a 0.6B layer's products, docs/benchmarks.md), while the one call
+saves what the layer's operators cost around the products. So where the kernel applies to all six products, the
+layer asks `LAYERS` once per shape: two programs, each a chain of CHAIN layers over the model's own weights (resident,
+as a decode step streams them: `linear.resident_weights`), one taking the call and one XLA's operators with the
+products in their chosen forms, timed in turn; the call (the default) stays unless the operators beat it in every
+round. Its cost is charged to linear.PATHS, so what choosing cost is told in one figure. A layer whose weights stay
+in cache (a test model's) keeps its operators unmeasured, as its products keep the single dot. `LAYERS.forced(...)`
+pins either for tests and side-by-side runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_impl import linear
+from kernels.cpu import jax_decode_ops
+from spec.path_choice import PathChoice
+
+if TYPE_CHECKING:
+    from jax_impl.kv_cache import KVCache
+
+LAYERS = PathChoice("jax_impl.decoder_layer", ("one_call", "operators"))
+CHAIN = 2  # layers per timed pass: one pass of one 0.6B-shaped layer (~4 ms) timed the two alike, two did not
+
+
+def takes_one_call(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> bool:
+    """Whether `layer` (jax_impl/decoder_layer.py's DecoderLayer) runs this decode step (traced now) in one call: the
+    kernel applies to every one of its six products, its weights do not stay in cache, and the call was measured
+    faster or is forced."""
+    products = _products(layer)
+    rows, dtype, dims = hidden.shape[0], hidden.dtype, (((1,), (0,)), ((), ()))
+    x2 = [jax.ShapeDtypeStruct((rows, p.in_features), dtype) for p in products]
+    if not all("gemv" in linear.forms_for(x, p.kernel[...], dims) for x, p in zip(x2, products, strict=True)):
+        return False
+    if LAYERS.forced_path() is None and min(_nbytes(p) for p in products) < linear.MIN_CHOICE_BYTES:
+        return False  # a layer that stays in cache: nothing to stream, nothing worth measuring
+    shapes = tuple(p.kernel.shape for p in products)
+    key = (rows, jnp.dtype(dtype).name, shapes, layer.self_attn.q_norm is not None, products[0].bias is not None)
+    return LAYERS.choose(key, lambda: _candidates(layer, hidden, cos, cache)) == "one_call"
+
+
+def _products(layer: nnx.Module) -> tuple[nnx.Linear, ...]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def _nbytes(p: nnx.Linear) -> int:
+    return math.prod(p.kernel.shape) * jnp.dtype(p.kernel.dtype).itemsize
+
+
+def _candidates(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> dict:
+    """The two timed passes: CHAIN copies of `layer` (the model's own weights where `linear.resident_weights` offers
+    them, else ones), one decode step each over a cache of `cache`'s slots, compiled while the caller traces."""
+    graphdef, state = nnx.split(layer)
+    leaves, treedef = jax.tree.flatten(state)
+    b, _, h = hidden.shape
+    with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
+        chains = [_weights(leaves, copy) for copy in range(CHAIN)]
+        i, k, v = layer.layer_idx, cache.k[layer.layer_idx], cache.v[layer.layer_idx]
+        filler = jnp.zeros((1, 1, 1, 1), k.dtype)  # the other layers' buffers: never read
+        timed_cache = dataclasses.replace(
+            cache, k=(filler,) * i + (jnp.zeros(k.shape, k.dtype),), v=(filler,) * i + (jnp.zeros(v.shape, v.dtype),),
+            length=jnp.asarray(1, jnp.int32), requested=jnp.asarray(0, jnp.int32), ring=(False,) * (i + 1),
+        )  # fmt: skip
+        x = jnp.ones((b, 1, h), hidden.dtype)
+        rope = jnp.ones(cos.shape, jnp.float32)  # [B, 1, r]
+        mask = jnp.ones((b, 1, k.shape[2]), bool)
+
+    def chain_for(path: str):
+        def chain(states, x, rope, mask, cache):  # a function per path: JAX caches a trace per function, not per path
+            residual = x
+            for state in states:
+                layer = nnx.merge(graphdef, jax.tree.unflatten(treedef, state))
+                x, residual, cache = layer(x, residual, rope, rope, mask, cache)
+            return x, residual
+
+        return chain
+
+    lowered = {}
+    for path in LAYERS.paths:
+        with LAYERS.forced(path), jax_decode_ops.decode_steps():  # the layer takes the path, not this choice again
+            lowered[path] = jax.jit(chain_for(path)).lower(chains, x, rope, mask, timed_cache)
+    with ThreadPoolExecutor(len(lowered)) as pool:  # XLA compiles both at once
+        compiling = {path: pool.submit(program.compile) for path, program in lowered.items()}
+        programs = {path: future.result() for path, future in compiling.items()}
+
+    def run(program) -> None:
+        jax.block_until_ready(program(chains, x, rope, mask, timed_cache))
+
+    return {path: (lambda program=program: run(program)) for path, program in programs.items()}
+
+
+def _weights(leaves: list[jax.Array], copy: int) -> list[jax.Array]:
+    """The layer's parameters as concrete arrays of their shapes: copy `copy` of the model's own (a distinct layer's)
+    where offered, else ones."""
+    out = []
+    for leaf in leaves:
+        own = linear.PATHS.resident((tuple(leaf.shape), jnp.dtype(leaf.dtype).name))
+        out.append(own[copy % len(own)] if own else jnp.ones(leaf.shape, leaf.dtype))
+    return out
+
+
+def charged_choice(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> bool:
+    """`takes_one_call`, its measuring time (if any) charged to linear.PATHS, less the products' own choices made
+    meanwhile (the operators' program asks them, and they are charged there already)."""
+    before, products = LAYERS.cost(), linear.PATHS.cost()
+    taken = takes_one_call(layer, hidden, cos, cache)
+    linear.PATHS.charge(max(0.0, (LAYERS.cost() - before) - (linear.PATHS.cost() - products)))
+    return taken

@@ -23,10 +23,10 @@ from flax import nnx
 from jax_impl import layer_choice
 from jax_impl.attention import Attention
 from jax_impl.decoder_layer_plain import ParallelDecoderLayer, PostNormDecoderLayer, add
-from jax_impl.layernorm import RMSNorm, make_norm
+from jax_impl.layernorm import make_norm
 from jax_impl.mlp import MLP
 from jax_impl.moe import SparseMoeBlock
-from kernels.cpu import jax_decode_layer
+from kernels.cpu import decode_layer_operands, jax_decode_layer
 from spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -59,18 +59,8 @@ class DecoderLayer(nnx.Module):
             self.mlp = SparseMoeBlock(spec, layer_idx, dtype=dtype, kernels=kernels, tp=tp, ep=ep, rngs=rngs)
         else:
             self.mlp = MLP(spec, layer_idx, dtype=dtype, kernels=kernels, tp=tp, rngs=rngs)
-        self.one_call = (  # the layers decode_layer.c computes; the rest of the rule is asked while tracing
-            not self.sandwich
-            and not self.sparse
-            and spec.gated_mlp
-            and spec.hidden_act == "silu"
-            and isinstance(self.input_layernorm, RMSNorm)
-            and kernels == "reference"
-            and tp == 1
-            and not spec.fused_qkv
-            and (not spec.qk_norm or spec.qk_norm_scope == "head")
-            and spec.window(layer_idx) is None
-        )
+        # the layers decode_layer.c computes; the rest of the rule is asked per step
+        self.one_call = decode_layer_operands.computes(spec, layer_idx) and kernels == "reference" and tp == 1
 
     def __call__(
         self,

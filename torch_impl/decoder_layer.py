@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kernels.cpu import torch_decode_layer, torch_decode_ops
+from kernels.cpu import decode_layer_operands, torch_decode_layer, torch_decode_ops
 from spec import ModelSpec
 from spec.kv_cache import full_error
 from torch_impl import linear
 from torch_impl.attention import Attention
 from torch_impl.decoder_layer_plain import ParallelDecoderLayer, PostNormDecoderLayer
-from torch_impl.layernorm import RMSNorm, make_norm
+from torch_impl.layernorm import make_norm
 from torch_impl.mlp import MLP
 from torch_impl.moe import SparseMoeBlock
 
@@ -70,18 +70,8 @@ class DecoderLayer(nn.Module):
             self.mlp = MLP(spec, layer_idx, kernels=kernels, tp=tp, group=group)
         if self.sandwich:
             self.post_feedforward_layernorm = make_norm(spec, h, kernels=kernels)
-        self.one_call = (  # the layers decode_layer.c computes; the rest of the rule is asked per step
-            not self.sandwich
-            and not self.sparse
-            and spec.gated_mlp
-            and spec.hidden_act == "silu"
-            and isinstance(self.input_layernorm, RMSNorm)
-            and kernels == "reference"
-            and tp == 1
-            and not spec.fused_qkv
-            and (not spec.qk_norm or spec.qk_norm_scope == "head")
-            and spec.window(layer_idx) is None
-        )
+        # the layers decode_layer.c computes; the rest of the rule is asked per step
+        self.one_call = decode_layer_operands.computes(spec, layer_idx) and kernels == "reference" and tp == 1
         self._gemv_known: dict[tuple[int, torch.dtype], tuple[int, bool]] = {}  # (rows, dtype): (PATHS.version, ok)
 
     def forward(

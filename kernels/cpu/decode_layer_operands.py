@@ -1,11 +1,33 @@
-"""The operands of kernels/cpu/decode_layer.c, framework-neutral: `LayerWeights`, one layer's parameters as the
-kernel reads them, and `expected`, the shape and kind of every operand, which both launchers
-(torch_decode_layer.py, jax_decode_layer.py) check before a call so that an error names the tensor."""
+"""What kernels/cpu/decode_layer.c computes and reads, framework-neutral: `computes`, the layers it stands for;
+`LayerWeights`, one layer's parameters as the kernel reads them; `expected` and `mismatch`, the shape and kind of
+every operand, which both launchers (torch_decode_layer.py, jax_decode_layer.py) check before a call so that an
+error names the tensor."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from spec import ModelSpec
+
+
+def computes(spec: ModelSpec, layer_idx: int) -> bool:
+    """Whether the kernel computes layer `layer_idx` of `spec`: a dense pre-norm layer (not sandwich, no experts) with
+    RMSNorm, a SiLU-gated MLP, separate q/k/v projections, per-head or no q/k norms and full attention (a sliding
+    layer keeps its ring and its operators). The backends add their own conditions (reference kernels, no tensor
+    parallelism)."""
+    return (
+        spec.norm_placement == "pre"
+        and not spec.parallel_residual
+        and not spec.is_sparse(layer_idx)
+        and spec.norm_type == "rms"
+        and spec.gated_mlp
+        and spec.hidden_act == "silu"
+        and not spec.fused_qkv
+        and (not spec.qk_norm or spec.qk_norm_scope == "head")
+        and spec.window(layer_idx) is None
+    )
 
 
 @dataclass(frozen=True)
@@ -77,4 +99,21 @@ def structure_problem(w: LayerWeights, heads: int, k_cache_shape: tuple[int, ...
         return "q_norm and k_norm come together (per-head q/k norms) or not at all"
     if rotated % 2 or rotated > d:
         return f"cos and sin [B, 1, r] need r even and r <= head_dim {d}; got r = {rotated}"
+    return None
+
+
+def mismatch(
+    operands: Iterable[tuple[str, Any, tuple[int, ...], str, bool]], kinds: dict[str, Any], fits: Callable[..., bool],
+    where: str = "",
+) -> str | None:  # fmt: skip
+    """The first of `expected`'s operands that is missing or does not fit (`fits(operand, shape, dtype)`, the
+    launcher's test), as a message naming it; None where all fit. `kinds` maps a kind to the launcher's dtype;
+    `where` ends the requirement (" on the CPU")."""
+    for name, operand, shape, kind, optional in operands:
+        if operand is None:
+            if optional:
+                continue
+            return f"{name} is required"
+        if not fits(operand, shape, kinds[kind]):
+            return f"{name} must be {list(shape)} {kinds[kind]}{where}; got {tuple(operand.shape)} {operand.dtype}"
     return None

@@ -2,14 +2,14 @@
 to XLA by decode_layer_ffi.cc): `decode_layer(...)`, the twin of torch_decode_layer.decode_layer.
 
 jax_impl/decoder_layer.py's DecoderLayer runs a dense layer's decode step through it inside generation's jitted
-decode step where every one of its products took the few-row kernel (jax_impl/linear.py's "gemv" form): the same
-product kernel over Flax's [in, out] kernels, and the attention over the cache's written slots that
-kernels/cpu/jax_decode_ops.py runs, with decode_ops.c's add+RMSNorm, q/k norms, RoPE and SwiGLU in place of XLA's
-fusions of the reference's. Those agree with XLA's to float32 rounding, not bit for bit (another summation order,
-another exp), so the tests hold a generation through it to the float32 parity bound and to the same greedy tokens.
-The layer's keys and values are written into the cache's buffers in place (the caches are aliased operands); a
-custom call, not differentiable. `takes` is the rule; it and `enabled` are read while tracing, so
-jax_impl/generate.py keys its compiled steps on `enabled()`.
+decode step where the call was measured faster than the layer's operators (jax_impl/layer_choice.py): the few-row
+product kernel over Flax's [in, out] kernels (jax_impl/linear.py's "gemv" form) and the attention over the cache's
+written slots that kernels/cpu/jax_decode_ops.py runs, with decode_ops.c's add+RMSNorm, q/k norms, RoPE and SwiGLU
+in place of XLA's fusions of the reference's. Those agree with XLA's to float32 rounding, not bit for bit (another
+summation order, another exp), so the tests hold a generation through it to the parity table's bound and to the
+same greedy tokens. The layer's keys and values are written into the cache's buffers in place (the caches are
+aliased operands); a custom call, not differentiable. `takes` is the rule; it and `enabled` are read while tracing,
+so jax_impl/generate.py keys its compiled steps on `enabled()`.
 """
 
 from __future__ import annotations
@@ -90,13 +90,11 @@ def _check(x, residual, w: LayerWeights, cos, sin, k_cache, v_cache, mask, heads
         residual, w, cos, sin, k_cache, v_cache, mask, rows=b, hidden=hidden, heads=heads,
         mask_keys=k_cache.shape[2], cols=True,
     )  # fmt: skip
-    for name, array, shape, kind, optional in operands:
-        if array is None:
-            if optional:
-                continue
-            raise _refuse(f"{name} is required")
-        if tuple(array.shape) != shape or jnp.dtype(array.dtype) != kinds[kind]:
-            raise _refuse(f"{name} must be {list(shape)} {kinds[kind]}; got {tuple(array.shape)} {array.dtype}")
+    problem = decode_layer_operands.mismatch(
+        operands, kinds, lambda a, shape, kind: tuple(a.shape) == shape and jnp.dtype(a.dtype) == kind
+    )
+    if problem is not None:
+        raise _refuse(problem)
     problem = decode_layer_operands.structure_problem(w, heads, tuple(k_cache.shape), cos.shape[-1])
     if problem is not None:
         raise _refuse(problem)

@@ -87,15 +87,11 @@ def _check(x, residual, w: LayerWeights, cos, sin, k_cache, v_cache, pos, mask, 
         residual, w, cos, sin, k_cache, v_cache, mask, rows=b, hidden=hidden, heads=heads, mask_keys=pos + 1,
         cols=False,
     )  # fmt: skip
-    for name, tensor, shape, kind, optional in operands:
-        if tensor is None:
-            if optional:
-                continue
-            raise _refuse(f"{name} is required")
-        if tensor.shape != shape or tensor.dtype is not kinds[kind] or not tensor.is_cpu:
-            raise _refuse(
-                f"{name} must be {list(shape)} {kinds[kind]} on the CPU; got {tuple(tensor.shape)} {tensor.dtype}"
-            )
+    problem = decode_layer_operands.mismatch(
+        operands, kinds, lambda t, shape, kind: t.shape == shape and t.dtype is kind and t.is_cpu, " on the CPU"
+    )
+    if problem is not None:
+        raise _refuse(problem)
     problem = decode_layer_operands.structure_problem(w, heads, tuple(k_cache.shape), cos.shape[-1])
     if problem is not None:
         raise _refuse(problem)

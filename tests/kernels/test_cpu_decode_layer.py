@@ -14,28 +14,18 @@ import pytest
 import torch
 
 import torch_impl
-from kernels.cpu import build, torch_decode_layer, torch_decode_ops
-from spec import DEFAULT_SPEC, InputError, ModelSpec, write_checkpoint
-from spec.default import random_weights
+from kernels.cpu import torch_decode_layer, torch_decode_ops
+from spec import DEFAULT_SPEC, InputError, ModelSpec
 from spec.path_choice import Choice
-from tests.specs import QWEN2_SINGLE_KV
+from tests.kernels.decode_layer_cases import MASK, PROMPT, SPECS, STEPS, needs_kernels, write
 from torch_impl import linear
 from torch_impl.kv_cache import KVCache
 
-CAN_BUILD = build._unsupported() is None  # x86-64 with AVX2 and FMA, and a C compiler: every CI machine
-pytestmark = pytest.mark.skipif(not CAN_BUILD, reason=f"the CPU kernels cannot be built here: {build._unsupported()}")
-
-ODD = dataclasses.replace(  # widths that are not multiples of 8, three query heads per kv head
-    DEFAULT_SPEC, hidden_size=76, intermediate_size=100, num_attention_heads=6, num_key_value_heads=2, head_dim=20
-)
-SPECS = {"qwen3": DEFAULT_SPEC, "qwen3-odd": ODD, "qwen2-bias": QWEN2_SINGLE_KV}
-PROMPT = [[5, 9, 200, 17, 3], [0, 0, 4, 1, 8], [7, 7, 7, 7, 7]]  # row 1 left-padded (attention_mask)
-MASK = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-STEPS = 6
+pytestmark = needs_kernels
 
 
 def load(tmp_path, spec: ModelSpec, dtype: str):
-    write_checkpoint(tmp_path, spec, random_weights(spec, seed=3))
+    write(tmp_path, spec)
     return torch_impl.from_pretrained(tmp_path, dtype)
 
 

@@ -23,26 +23,16 @@ from jax_impl.kv_cache import KVCache
 from jax_impl.layer_choice import CHAIN, LAYERS
 from kernels.cpu import build, jax_decode_layer, jax_decode_ops
 from parity.tolerances import TOLERANCES
-from spec import DEFAULT_SPEC, InputError, ModelSpec, write_checkpoint
-from spec.default import random_weights
+from spec import DEFAULT_SPEC, InputError, ModelSpec
 from spec.generation import SamplingParams
 from tests.greedy import assert_same_greedy
-from tests.specs import QWEN2_SINGLE_KV
+from tests.kernels.decode_layer_cases import MASK, PROMPT, SPECS, STEPS, needs_kernels, write
 
-CAN_BUILD = build._unsupported() is None  # x86-64 with AVX2 and FMA, and a C compiler: every CI machine
-pytestmark = pytest.mark.skipif(not CAN_BUILD, reason=f"the CPU kernels cannot be built here: {build._unsupported()}")
-
-ODD = dataclasses.replace(  # widths that are not multiples of 8, three query heads per kv head
-    DEFAULT_SPEC, hidden_size=76, intermediate_size=100, num_attention_heads=6, num_key_value_heads=2, head_dim=20
-)
-SPECS = {"qwen3": DEFAULT_SPEC, "qwen3-odd": ODD, "qwen2-bias": QWEN2_SINGLE_KV}
-PROMPT = [[5, 9, 200, 17, 3], [0, 0, 4, 1, 8], [7, 7, 7, 7, 7]]  # row 1 left-padded (attention_mask)
-MASK = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
-STEPS = 6
+pytestmark = needs_kernels
 
 
 def load(tmp_path, spec: ModelSpec, dtype: str):
-    write_checkpoint(tmp_path, spec, random_weights(spec, seed=3))
+    write(tmp_path, spec)
     return jax_impl.from_pretrained(tmp_path, dtype)
 
 

@@ -65,7 +65,7 @@ def expected(
     and the slot written, the sizes read from k_cache [B, n_kv, S, d], wd and cos; kind "act" (the activations'
     dtype), "float32" or "bool". Biases are "act": a launcher widens them to float32 for the kernel. `cols`: the
     products are [in, out] (Flax), else [out, in] (torch)."""
-    _, kv_heads, slots, d = k_cache.shape if len(k_cache.shape) == 4 else (None, -1, -1, -1)
+    _, kv_heads, slots, d = k_cache.shape  # the launchers check its rank first
     inter = (w.wd.shape[0 if cols else 1]) if len(w.wd.shape) == 2 else -1
     b, qk, kvd, r = rows, heads * d, kv_heads * d, cos.shape[-1]
 
@@ -93,7 +93,7 @@ def expected(
 def structure_problem(w: LayerWeights, heads: int, k_cache_shape: tuple[int, ...], rotated: int) -> str | None:
     """What the operands' shapes alone cannot say: heads over kv heads, q/k norms together, the rotary width."""
     _, kv_heads, _, d = k_cache_shape
-    if heads % kv_heads:
+    if kv_heads <= 0 or heads % kv_heads:
         return f"{heads} heads over {kv_heads} kv heads: heads must be a multiple"
     if (w.q_norm is None) != (w.k_norm is None):
         return "q_norm and k_norm come together (per-head q/k norms) or not at all"

@@ -30,7 +30,10 @@ __all__ = ["LayerWeights", "available", "decode_layer", "enabled", "per_operator
 _TARGET = "decoder_parity_DecodeLayerStep"
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 _OFF = Switch("jax_decode_layer.off")
-_K_CACHE = 20  # the operand index of k_cache (decode_layer_ffi.cc's Operand); v_cache follows
+_OPERANDS = (  # the custom call's operands, in decode_layer_ffi.cc's Operand order
+    "x", "residual", "input_norm", "post_norm", "q_norm", "k_norm", "wq", "wk", "wv", "wo", "wgu", "wd",
+    "bq", "bk", "bv", "bo", "bgu", "bd", "cos", "sin", "k_cache", "v_cache", "mask", "pos",
+)  # fmt: skip
 
 
 @functools.cache
@@ -137,18 +140,20 @@ def decode_layer(
     def given(array: jax.Array | None, as_dtype=dtype) -> jax.Array:  # an absent operand is an empty array
         return jnp.zeros((0,), as_dtype) if array is None else array.astype(as_dtype)
 
-    w = weights
-    operands = (
-        x, given(residual), w.input_norm, w.post_norm, given(w.q_norm), given(w.k_norm),
-        w.wq, w.wk, w.wv, w.wo, w.wgu, w.wd,
-        *[given(getattr(w, name), jnp.float32) for name in decode_layer_operands.BIASES],
-        cos, sin, k_cache, v_cache, mask, jnp.asarray(pos, jnp.int32),
-    )  # fmt: skip
+    named = {
+        **{name: given(getattr(weights, name)) for name in ("q_norm", "k_norm")},
+        **{name: given(getattr(weights, name), jnp.float32) for name in decode_layer_operands.BIASES},
+        **{name: getattr(weights, name) for name in ("input_norm", "post_norm", "wq", "wk", "wv", "wo", "wgu", "wd")},
+        "x": x, "residual": given(residual), "cos": cos, "sin": sin, "k_cache": k_cache, "v_cache": v_cache,
+        "mask": mask, "pos": jnp.asarray(pos, jnp.int32),
+    }  # fmt: skip
+    operands = [named[name] for name in _OPERANDS]
+    caches = {_OPERANDS.index("k_cache"): 2, _OPERANDS.index("v_cache"): 3}  # written in place: results 2 and 3
     results = (  # out, residual_out [B, 1, H]; the two caches
         jax.ShapeDtypeStruct(x.shape, dtype), jax.ShapeDtypeStruct(x.shape, dtype),
         jax.ShapeDtypeStruct(k_cache.shape, dtype), jax.ShapeDtypeStruct(v_cache.shape, dtype),
     )  # fmt: skip
-    call = jax.ffi.ffi_call(_TARGET, results, input_output_aliases={_K_CACHE: 2, _K_CACHE + 1: 3})
+    call = jax.ffi.ffi_call(_TARGET, results, input_output_aliases=caches)
     out, residual_out, k_cache, v_cache = call(
         *operands, heads=np.int64(heads), eps=np.float32(eps), offset=np.float32(offset), scale=np.float32(scale),
         cap=np.float32(softcap or 0.0), float32_weight=np.int32(float32_weight),

@@ -96,6 +96,7 @@ def chosen_paths(name: str) -> dict:
 
         for key, choice in LAYERS.chosen().items():
             timed = ", ".join(f"{path} {seconds * 1e3:.2f} ms" for path, seconds in choice.seconds.items())
+            timed += "".join(f", {path} at least {seconds * 1e3:.2f} ms" for path, seconds in choice.floors.items())
             shapes[f"layer {key[0]} {key[1]}"] = f"{choice.path} ({timed})"
     return {
         "paths": shapes,

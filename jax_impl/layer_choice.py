@@ -1,16 +1,23 @@
 """Whether a dense layer's CPU decode step runs in one call (kernels/cpu/jax_decode_layer.py) or as XLA's operators,
-chosen by timing both on the machine that runs them: `LAYERS`, a spec/path_choice.py `PathChoice` of its own.
+chosen by timing on the machine that runs them: `LAYERS`, a spec/path_choice.py `PathChoice` of its own.
 
 The products' own choices (jax_impl/linear.py) cannot decide it. Timed alone, XLA's split contraction or single dot
 and the few-row kernel stream a decode-sized weight within each other's noise on some machines (one process in two
 took another form than the kernel for at least one of a 0.6B layer's products, docs/benchmarks.md), while the one call
 saves what the layer's operators cost around the products. So where the kernel applies to all six products, the
-layer asks `LAYERS` once per shape: two programs, each a chain of CHAIN layers over the model's own weights (resident,
-as a decode step streams them: `linear.resident_weights`), one taking the call and one XLA's operators with the
-products in their chosen forms, timed in turn; the call (the default) stays unless the operators beat it in every
-round. Its cost is charged to linear.PATHS, so what choosing cost is told in one figure. A layer whose weights stay
-in cache (a test model's) keeps its operators unmeasured, as its products keep the single dot. `LAYERS.forced(...)`
-pins either for tests and side-by-side runs.
+layer asks `LAYERS` once per shape, timing chains of CHAIN layers over the model's own weights (resident, as a decode
+step streams them: `linear.resident_weights`):
+
+1. The call's chain against a lower bound on the operators' (`_floors`): the layer's products, each at the fastest
+   rate any of its forms was timed at (`linear.stream_floor`; their timing programs compiled side by side,
+   `linear.compiled_together`). The operators run those products and more, so a call that beats the bound is kept
+   without compiling the operators' chain, which cost more than all the rest of choosing (docs/benchmarks.md).
+2. Otherwise both chains, the operators' with the products in their chosen forms, timed in turn; the call (the
+   default) stays unless the operators beat it in every round.
+
+Its cost is charged to linear.PATHS, so what choosing cost is told in one figure. A layer whose weights stay in cache
+(a test model's) keeps its operators unmeasured, as its products keep the single dot. `LAYERS.forced(...)` pins
+either for tests and side-by-side runs.
 """
 
 from __future__ import annotations
@@ -22,16 +29,18 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jax_impl import linear
 from kernels.cpu import jax_decode_ops
-from spec.path_choice import PathChoice
+from spec.path_choice import Floors, PathChoice
 
 if TYPE_CHECKING:
     from jax_impl.kv_cache import KVCache
 
-LAYERS = PathChoice("jax_impl.decoder_layer", ("one_call", "operators"))
+# A pass of the call's chain costs ~10 ms, compiling the operators' ~1 s: the call gets 5 passes against the bound.
+LAYERS = PathChoice("jax_impl.decoder_layer", ("one_call", "operators"), bound_passes=5)
 CHAIN = 2  # layers per timed pass: one pass of one 0.6B-shaped layer (~4 ms) timed the two alike, two did not
 
 
@@ -48,7 +57,8 @@ def takes_one_call(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: 
         return False  # a layer that stays in cache: nothing to stream, nothing worth measuring
     shapes = tuple(p.kernel.shape for p in products)
     key = (rows, jnp.dtype(dtype).name, shapes, layer.self_attn.q_norm is not None, products[0].bias is not None)
-    return LAYERS.choose(key, lambda: _candidates(layer, hidden, cos, cache)) == "one_call"
+    candidates = lambda: _chains(layer, hidden, cos, cache, LAYERS.paths)  # noqa: E731
+    return LAYERS.choose(key, candidates, lambda: _floors(layer, hidden, cos, cache)) == "one_call"
 
 
 def _products(layer: nnx.Module) -> tuple[nnx.Linear, ...]:
@@ -60,23 +70,40 @@ def _nbytes(p: nnx.Linear) -> int:
     return math.prod(p.kernel.shape) * jnp.dtype(p.kernel.dtype).itemsize
 
 
-def _candidates(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> dict:
-    """The two timed passes: CHAIN copies of `layer` (the model's own weights where `linear.resident_weights` offers
-    them, else ones), one decode step each over a cache of `cache`'s slots, compiled while the caller traces."""
+def _floors(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> Floors | None:
+    """The call's timed pass, and a lower bound on the operators' one: its CHAIN layers' products, each at the
+    fastest rate any of its forms was timed at (`linear.stream_floor`, which chooses their forms now). Where the call
+    beats that, the operators, which run those products and more, cannot: the shortcut saves compiling their chain,
+    most of what choosing the layer costs. None where a product has no timed form to bound it."""
+    rows, dims, products = hidden.shape[0], (((1,), (0,)), ((), ())), _products(layer)
+    operands = [(jax.ShapeDtypeStruct((rows, p.in_features), hidden.dtype), p.kernel[...]) for p in products]
+    precision = products[0].precision  # the model's, for every product
+    with linear.compiled_together(operands, dims, precision):
+        floors = [linear.stream_floor(x, w, dims, precision) for x, w in operands]
+    if any(floor is None for floor in floors):
+        return None
+    return _chains(layer, hidden, cos, cache, ("one_call",))["one_call"], {"operators": CHAIN * sum(floors)}
+
+
+def _chains(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache, paths: tuple[str, ...]) -> dict:
+    """A timed pass per path in `paths`: CHAIN copies of `layer` (the model's own weights where
+    `linear.resident_weights` offers them, else ones), one decode step each over a cache of `cache`'s slots, compiled
+    while the caller traces."""
     graphdef, state = nnx.split(layer)
     leaves, treedef = jax.tree.flatten(state)
     b, _, h = hidden.shape
-    with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
-        chains = [_weights(leaves, copy) for copy in range(CHAIN)]
-        i, k, v = layer.layer_idx, cache.k[layer.layer_idx], cache.v[layer.layer_idx]
-        filler = jnp.zeros((1, 1, 1, 1), k.dtype)  # the other layers' buffers: never read
-        timed_cache = dataclasses.replace(
-            cache, k=(filler,) * i + (jnp.zeros(k.shape, k.dtype),), v=(filler,) * i + (jnp.zeros(v.shape, v.dtype),),
-            length=jnp.asarray(1, jnp.int32), requested=jnp.asarray(0, jnp.int32), ring=(False,) * (i + 1),
-        )  # fmt: skip
-        x = jnp.ones((b, 1, h), hidden.dtype)
-        rope = jnp.ones(cos.shape, jnp.float32)  # [B, 1, r]
-        mask = jnp.ones((b, 1, k.shape[2]), bool)
+    # Concrete arrays, each a copy from the host: built by jnp, each would compile a program of its own (~25 ms
+    # apiece, most of what the call's chain cost to build).
+    chains = [_weights(leaves, copy) for copy in range(CHAIN)]
+    i, k, v = layer.layer_idx, cache.k[layer.layer_idx], cache.v[layer.layer_idx]
+    filler = _filled((1, 1, 1, 1), k.dtype, 0)  # the other layers' buffers: never read
+    timed_cache = dataclasses.replace(
+        cache, k=(filler,) * i + (_filled(k.shape, k.dtype, 0),), v=(filler,) * i + (_filled(v.shape, v.dtype, 0),),
+        length=_filled((), jnp.int32, 1), requested=_filled((), jnp.int32, 0), ring=(False,) * (i + 1),
+    )  # fmt: skip
+    x = _filled((b, 1, h), hidden.dtype, 1)
+    rope = _filled(cos.shape, jnp.float32, 1)  # [B, 1, r]
+    mask = _filled((b, 1, k.shape[2]), bool, 1)
 
     def chain_for(path: str):
         def chain(states, x, rope, mask, cache):  # a function per path: JAX caches a trace per function, not per path
@@ -89,7 +116,7 @@ def _candidates(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVC
         return chain
 
     lowered = {}
-    for path in LAYERS.paths:
+    for path in paths:
         with LAYERS.forced(path), jax_decode_ops.decode_steps():  # the layer takes the path, not this choice again
             lowered[path] = jax.jit(chain_for(path)).lower(chains, x, rope, mask, timed_cache)
     with ThreadPoolExecutor(len(lowered)) as pool:  # XLA compiles both at once
@@ -108,8 +135,13 @@ def _weights(leaves: list[jax.Array], copy: int) -> list[jax.Array]:
     out = []
     for leaf in leaves:
         own = linear.PATHS.resident((tuple(leaf.shape), jnp.dtype(leaf.dtype).name))
-        out.append(own[copy % len(own)] if own else jnp.ones(leaf.shape, leaf.dtype))
+        out.append(own[copy % len(own)] if own else _filled(leaf.shape, leaf.dtype, 1))
     return out
+
+
+def _filled(shape: tuple[int, ...], dtype, value: int) -> jax.Array:
+    with jax.ensure_compile_time_eval():  # concrete, even while the caller traces
+        return jax.device_put(np.full(shape, value, jnp.dtype(dtype)))
 
 
 def charged_choice(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> bool:

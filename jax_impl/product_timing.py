@@ -75,11 +75,22 @@ def compiling(pool: ThreadPoolExecutor, table: Mapping[str, Form], forms: tuple[
     }
 
 
+def timed_pass(rhs_shape: tuple[int, int], dtype, axis: int) -> tuple[tuple[int, int], int]:
+    """(the weight shape a timing pass takes, how many distinct weights of it the pass streams): the key's own shape,
+    up to STREAM_BYTES in all, or, for a larger weight (a tied head's table), one with as many output features as
+    fit in STREAM_BYTES."""
+    k, itemsize = rhs_shape[axis], jnp.dtype(dtype).itemsize
+    if math.prod(rhs_shape) * itemsize > STREAM_BYTES:
+        out = max(1, STREAM_BYTES // (k * itemsize))
+        rhs_shape = (out, k) if axis == 1 else (k, out)
+    return rhs_shape, max(1, min(MAX_COPIES, STREAM_BYTES // (math.prod(rhs_shape) * itemsize)))
+
+
 def candidates(table: Mapping[str, Form], forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], dtype,
-               axis: int, precision, own: list[jax.Array]) -> dict[str, Callable]:  # fmt: skip
-    """One timing pass per form: the product of `rows` rows over distinct weights of rhs's shape that together
-    stream up to STREAM_BYTES (a larger weight, a head's table: one with as many output features as fit in it),
-    a model's own (`own`) where they suffice (`timed_weights`).
+               axis: int, precision, own: list[jax.Array],
+               ready: Mapping[str, Future] | None = None) -> dict[str, Callable]:  # fmt: skip
+    """One timing pass per form: the product of `rows` rows over the distinct weights of `timed_pass`, a model's own
+    (`own`) where they suffice (`timed_weights`).
 
     Each form is its own small program, compiled on a thread of its own from the moment it is lowered
     (`compiling`), so that choosing costs about one compilation per key. The programs leave out what a model's
@@ -91,12 +102,9 @@ def candidates(table: Mapping[str, Form], forms: tuple[str, ...], rows: int, rhs
     (tests/jax_impl/test_linear.py compares them)."""
     dtype = jnp.dtype(dtype)
     k = rhs_shape[axis]
-    if math.prod(rhs_shape) * dtype.itemsize > STREAM_BYTES:  # a tied head's table: fewer output features
-        out = max(1, STREAM_BYTES // (k * dtype.itemsize))
-        rhs_shape = (out, k) if axis == 1 else (k, out)
-    copies = max(1, min(MAX_COPIES, STREAM_BYTES // (math.prod(rhs_shape) * dtype.itemsize)))
+    rhs_shape, copies = timed_pass(rhs_shape, dtype, axis)
     with ThreadPoolExecutor(len(forms)) as pool:
-        programs = compiling(pool, table, forms, rows, jax.ShapeDtypeStruct(rhs_shape, dtype), axis, precision)
+        programs = ready or compiling(pool, table, forms, rows, jax.ShapeDtypeStruct(rhs_shape, dtype), axis, precision)
         with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
             x_of = {name: timed_x(name, rows, k, dtype) for name in forms}
             xs = {name: jax.device_put(np.ones(x.shape, x.dtype)) for name, x in x_of.items()}  # a copy, no program

@@ -100,23 +100,35 @@ def test_the_layer_keeps_its_operators_where_the_rule_fails(tmp_path, traced):
     assert traced() == model.spec.num_hidden_layers
 
 
-def test_the_choice_is_measured_once_per_shape_and_charged(tmp_path, traced, monkeypatch):
-    """Where the layer's weights count as streamed, the first trace times the call against the operators (two
-    programs over CHAIN layers) and every layer of that shape keeps the answer; the time is charged to the products'
-    choice, and the step takes what was chosen."""
+@pytest.mark.parametrize("bound", ["beaten", "not beaten"])
+def test_the_choice_is_measured_once_per_shape_and_charged(tmp_path, traced, monkeypatch, bound):
+    """Where the layer's weights count as streamed, the first trace times the call against a lower bound on the
+    operators (their products at the fastest rate each was timed at) and, where the bound is not beaten, against the
+    operators themselves (two programs over CHAIN layers); every layer of that shape keeps the answer, the time is
+    charged to the products' choice, and the step takes what was chosen. The bound is scaled here so that each
+    branch is taken for certain."""
     monkeypatch.setattr(linear, "MIN_CHOICE_BYTES", 0)
+    floor = linear.stream_floor
+    scale = 1e6 if bound == "beaten" else 0.0
+    monkeypatch.setattr(linear, "stream_floor", lambda *args: None if (f := floor(*args)) is None else scale * f)
     model = load(tmp_path, DEFAULT_SPEC, "float32")
     saved, cost = LAYERS.chosen(), linear.PATHS.cost()
     LAYERS.clear()
     try:
-        generate(model, steps=8)
+        generate(model, steps=8 if bound == "beaten" else 9)  # a fresh trace each
         chosen = LAYERS.chosen()
         assert len(chosen) == 1  # both layers share one shape
         (choice,) = chosen.values()
-        assert set(choice.seconds) == {"one_call", "operators"} and choice.cost > 0
-        assert linear.PATHS.cost() >= cost + choice.cost
+        assert choice.cost > 0 and linear.PATHS.cost() >= cost + choice.cost
+        if bound == "beaten":  # the call's chain alone, timed against the bound: kept
+            assert (choice.path, set(choice.seconds), set(choice.floors)) == ("one_call", {"one_call"}, {"operators"})
+            assert choice.floors["operators"] > 1e3 * choice.seconds["one_call"]
+            chains = CHAIN
+        else:  # the call's chain for the bound, then both chains measured in full (the operators' holds no call)
+            assert set(choice.seconds) == {"one_call", "operators"} and choice.floors == {}
+            chains = 2 * CHAIN
         taken = model.spec.num_hidden_layers if choice.path == "one_call" else 0
-        assert traced() == CHAIN + taken  # the timed call's chain, then the step's own layers if it won
+        assert traced() == chains + taken  # the timed calls' chains, then the step's own layers if it won
     finally:
         LAYERS.clear()
         LAYERS._chosen.update(saved)

@@ -29,6 +29,7 @@ buffer, which keeps XLA from copying the donated cache to feed the products (doc
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -61,14 +62,10 @@ class KVCache:
         n_kv, d = spec.num_key_value_heads, spec.head_dim
         layers = range(spec.num_hidden_layers)
         slots = [layer_slots(spec, i, max_len) for i in layers]
-        return cls(
-            tuple(jnp.zeros((batch, n_kv, s, d), dtype) for s in slots),
-            tuple(jnp.zeros((batch, n_kv, d, s), dtype) for s in slots),
-            jnp.zeros((), jnp.int32),
-            jnp.zeros((), jnp.int32),
-            max_len,
-            tuple(spec.window(i) is not None for i in layers),
-        )
+        k_shapes = tuple((batch, n_kv, s, d) for s in slots)  # [B, n_kv, S, d] per layer
+        v_shapes = tuple((batch, n_kv, d, s) for s in slots)  # [B, n_kv, d, S] per layer
+        k, v, length, requested = _zeros(k_shapes, v_shapes, jnp.dtype(dtype))()
+        return cls(k, v, length, requested, max_len, tuple(spec.window(i) is not None for i in layers))
 
     def check(self) -> None:
         """Raise InputError if any write asked for slots past capacity (reads one scalar from the device)."""
@@ -130,3 +127,17 @@ class KVCache:
 
     def advance(self, steps: int) -> KVCache:
         return dataclasses.replace(self, length=self.length + steps)
+
+
+@functools.cache
+def _zeros(k_shapes: tuple, v_shapes: tuple, dtype: jnp.dtype):
+    """One compiled program (per request shape) that makes every buffer of an empty cache, fresh at each call: a
+    cache is 2 x layers buffers, and as that many eager jnp.zeros, each dispatched on its own, it cost every
+    `generate` more host time than the buffers take to fill (docs/benchmarks.md has the figures)."""
+
+    def zeros() -> tuple:
+        k = tuple(jnp.zeros(shape, dtype) for shape in k_shapes)
+        v = tuple(jnp.zeros(shape, dtype) for shape in v_shapes)
+        return k, v, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
+
+    return jax.jit(zeros)

@@ -33,6 +33,22 @@ def test_layouts_and_filled_slots():
     cache.check()  # nothing past capacity
 
 
+def test_each_cache_is_fresh_zeros_even_after_another_was_donated():
+    """create makes its buffers in one compiled program: each call must still give buffers of its own, all zero, in
+    the asked dtype, so that a step donating (and overwriting) one cache leaves the next request's untouched."""
+
+    def fill(cache: KVCache) -> KVCache:
+        return cache.update(0, *_kv(4, 7.0))[0]
+
+    first = KVCache.create(SPEC, 2, 4, jnp.bfloat16)
+    jax.jit(fill, donate_argnums=0)(first)  # writes into, and consumes, first's buffers
+    second = KVCache.create(SPEC, 2, 4, jnp.bfloat16)
+    assert all(a.dtype == jnp.bfloat16 and a.shape[0] == 2 for a in second.k + second.v)
+    assert all(not np.asarray(a.astype(jnp.float32)).any() for a in second.k + second.v)
+    assert int(second.length) == 0 and int(second.requested) == 0
+    assert {id(a) for a in second.k}.isdisjoint(id(a) for a in first.k)
+
+
 def test_write_past_capacity_is_refused():
     cache = KVCache.create(SPEC, 1, 4, jnp.float32)
     cache, _, _ = cache.update(0, *_kv(3, 1.0))

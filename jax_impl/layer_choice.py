@@ -39,9 +39,10 @@ from spec.path_choice import Floors, PathChoice
 if TYPE_CHECKING:
     from jax_impl.kv_cache import KVCache
 
-# A pass of the call's chain costs ~10 ms, compiling the operators' ~1 s: the call gets 5 passes against the bound.
+# A pass of the call's chain costs a small fraction of compiling the operators' chain (docs/benchmarks.md): the call
+# gets 5 passes against the bound.
 LAYERS = PathChoice("jax_impl.decoder_layer", ("one_call", "operators"), bound_passes=5)
-CHAIN = 2  # layers per timed pass: one pass of one 0.6B-shaped layer (~4 ms) timed the two alike, two did not
+CHAIN = 2  # layers per timed pass: one 0.6B-shaped layer's pass timed the two alike, two told them apart
 
 
 def takes_one_call(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> bool:
@@ -92,8 +93,8 @@ def _chains(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache
     graphdef, state = nnx.split(layer)
     leaves, treedef = jax.tree.flatten(state)
     b, _, h = hidden.shape
-    # Concrete arrays, each a copy from the host: built by jnp, each would compile a program of its own (~25 ms
-    # apiece, most of what the call's chain cost to build).
+    # Concrete arrays, each a copy from the host: built by jnp, each would compile a program of its own, which was
+    # most of what the call's chain cost to build (docs/benchmarks.md).
     chains = [_weights(leaves, copy) for copy in range(CHAIN)]
     i, k, v = layer.layer_idx, cache.k[layer.layer_idx], cache.v[layer.layer_idx]
     filler = _filled((1, 1, 1, 1), k.dtype, 0)  # the other layers' buffers: never read

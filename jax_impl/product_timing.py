@@ -43,8 +43,8 @@ def timed_weights(own: list[jax.Array], copies: int, shape: tuple[int, int], dty
     key's full shape) where there are that many, or, for a table larger than STREAM_BYTES timed on its first rows,
     a view of those rows (contiguous and aligned: the CPU client takes it without a copy); else views of the arena,
     whose pages are mapped when it is first asked for. Nothing is copied either way, and a model's weights are in
-    memory already: the very memory its products stream. Mapping the arena cost 0.03-0.05 s in a process of its
-    own and ~0.3 s beside the benchmark's other backends (docs/benchmarks.md)."""
+    memory already: the very memory its products stream. Mapping the arena cost several times more beside the
+    benchmark's other backends than in a process of its own (docs/benchmarks.md)."""
     if len(own) >= copies and own[0].shape == shape:
         return own[:copies]
     if own and own[0].shape != shape and own[0].shape[1:] == shape[1:]:  # x @ W^T over a table: its first rows

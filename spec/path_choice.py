@@ -18,9 +18,9 @@ each path against a float64 product), and `forced(path)` pins one for the callin
 side-by-side comparisons. Framework-neutral: the backends supply the timed callables.
 
 The timed operands are the backend's to supply. A backend timing over fresh memory pays for mapping it, which on a
-VM whose other processes hold their memory cost more than the timing itself (docs/benchmarks.md); inside `timing_weights(...)`
-a measurement can take a model's own weights of the key's shape instead (`resident`), resident already, and the
-very memory its products stream.
+VM whose other processes hold their memory cost more than the timing itself (docs/benchmarks.md); inside
+`timing_weights(...)` a measurement can take a model's own weights of the key's shape instead (`resident`), resident
+already, and the very memory its products stream.
 
 A choice is only as good as the moment it was timed in: while another process holds the cores, the paths that run
 on a team of threads can rank last and be left out for the rest of the process. So the share of the CPUs other

@@ -58,8 +58,12 @@ def takes_one_call(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: 
         return False  # a layer that stays in cache: nothing to stream, nothing worth measuring
     shapes = tuple(p.kernel.shape for p in products)
     key = (rows, jnp.dtype(dtype).name, shapes, layer.self_attn.q_norm is not None, products[0].bias is not None)
-    candidates = lambda: _chains(layer, hidden, cos, cache, LAYERS.paths)  # noqa: E731
-    return LAYERS.choose(key, candidates, lambda: _floors(layer, hidden, cos, cache)) == "one_call"
+    built: dict = {}  # the call's chain, where the bound built it: the full measurement reuses it
+
+    def candidates() -> dict:
+        return built | _chains(layer, hidden, cos, cache, tuple(p for p in LAYERS.paths if p not in built))
+
+    return LAYERS.choose(key, candidates, lambda: _floors(layer, hidden, cos, cache, built)) == "one_call"
 
 
 def _products(layer: nnx.Module) -> tuple[nnx.Linear, ...]:
@@ -71,11 +75,12 @@ def _nbytes(p: nnx.Linear) -> int:
     return math.prod(p.kernel.shape) * jnp.dtype(p.kernel.dtype).itemsize
 
 
-def _floors(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> Floors | None:
+def _floors(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache, built: dict) -> Floors | None:
     """The call's timed pass, and a lower bound on the operators' one: its CHAIN layers' products, each at the
     fastest rate any of its forms was timed at (`linear.stream_floor`, which chooses their forms now). Where the call
     beats that, the operators, which run those products and more, cannot: the shortcut saves compiling their chain,
-    most of what choosing the layer costs. None where a product has no timed form to bound it."""
+    most of what choosing the layer costs. None where a product has no timed form to bound it. The call's pass goes
+    into `built` too, for the full measurement where the bound is not beaten."""
     rows, dims, products = hidden.shape[0], (((1,), (0,)), ((), ())), _products(layer)
     operands = [(jax.ShapeDtypeStruct((rows, p.in_features), hidden.dtype), p.kernel[...]) for p in products]
     precision = products[0].precision  # the model's, for every product
@@ -83,11 +88,12 @@ def _floors(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache
         floors = [linear.stream_floor(x, w, dims, precision) for x, w in operands]
     if any(floor is None for floor in floors):
         return None
-    return _chains(layer, hidden, cos, cache, ("one_call",))["one_call"], {"operators": CHAIN * sum(floors)}
+    built.update(_chains(layer, hidden, cos, cache, ("one_call",)))
+    return built["one_call"], {"operators": CHAIN * sum(floors)}
 
 
 def _chains(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache, paths: tuple[str, ...]) -> dict:
-    """A timed pass per path in `paths`: CHAIN copies of `layer` (the model's own weights where
+    """A timed pass per path in `paths` (at least one): CHAIN copies of `layer` (the model's own weights where
     `linear.resident_weights` offers them, else ones), one decode step each over a cache of `cache`'s slots, compiled
     while the caller traces."""
     graphdef, state = nnx.split(layer)

@@ -105,8 +105,8 @@ def test_the_choice_is_measured_once_per_shape_and_charged(tmp_path, traced, mon
     """Where the layer's weights count as streamed, the first trace times the call against a lower bound on the
     operators (their products at the fastest rate each was timed at) and, where the bound is not beaten, against the
     operators themselves (two programs over CHAIN layers); every layer of that shape keeps the answer, the time is
-    charged to the products' choice, and the step takes what was chosen. The bound is scaled here so that each
-    branch is taken for certain."""
+    charged to the products' choice, and the step takes what was chosen. The call's chain is built once either way.
+    The bound is scaled here so that each branch is taken for certain."""
     monkeypatch.setattr(linear, "MIN_CHOICE_BYTES", 0)
     floor = linear.stream_floor
     scale = 1e6 if bound == "beaten" else 0.0
@@ -124,9 +124,9 @@ def test_the_choice_is_measured_once_per_shape_and_charged(tmp_path, traced, mon
             assert (choice.path, set(choice.seconds), set(choice.floors)) == ("one_call", {"one_call"}, {"operators"})
             assert choice.floors["operators"] > 1e3 * choice.seconds["one_call"]
             chains = CHAIN
-        else:  # the call's chain for the bound, then both chains measured in full (the operators' holds no call)
+        else:  # both chains measured in full, the call's the one built for the bound (the operators' holds no call)
             assert set(choice.seconds) == {"one_call", "operators"} and choice.floors == {}
-            chains = 2 * CHAIN
+            chains = CHAIN
         taken = model.spec.num_hidden_layers if choice.path == "one_call" else 0
         assert traced() == chains + taken  # the timed calls' chains, then the step's own layers if it won
     finally:

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jax_impl import linear
+from jax_impl.product_timing import filled
 from kernels.cpu import jax_decode_ops
 from spec.path_choice import Floors, PathChoice
 
@@ -99,18 +99,17 @@ def _chains(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache
     graphdef, state = nnx.split(layer)
     leaves, treedef = jax.tree.flatten(state)
     b, _, h = hidden.shape
-    # Concrete arrays, each a copy from the host: built by jnp, each would compile a program of its own, which was
-    # most of what the call's chain cost to build (docs/benchmarks.md).
+    # Concrete arrays (`filled`): built by jnp, they were most of what the chain cost to build (docs/benchmarks.md).
     chains = [_weights(leaves, copy) for copy in range(CHAIN)]
     i, k, v = layer.layer_idx, cache.k[layer.layer_idx], cache.v[layer.layer_idx]
-    filler = _filled((1, 1, 1, 1), k.dtype, 0)  # the other layers' buffers: never read
+    filler = filled((1, 1, 1, 1), k.dtype, 0)  # the other layers' buffers: never read
     timed_cache = dataclasses.replace(
-        cache, k=(filler,) * i + (_filled(k.shape, k.dtype, 0),), v=(filler,) * i + (_filled(v.shape, v.dtype, 0),),
-        length=_filled((), jnp.int32, 1), requested=_filled((), jnp.int32, 0), ring=(False,) * (i + 1),
+        cache, k=(filler,) * i + (filled(k.shape, k.dtype, 0),), v=(filler,) * i + (filled(v.shape, v.dtype, 0),),
+        length=filled((), jnp.int32, 1), requested=filled((), jnp.int32, 0), ring=(False,) * (i + 1),
     )  # fmt: skip
-    x = _filled((b, 1, h), hidden.dtype, 1)
-    rope = _filled(cos.shape, jnp.float32, 1)  # [B, 1, r]
-    mask = _filled((b, 1, k.shape[2]), bool, 1)
+    x = filled((b, 1, h), hidden.dtype, 1)
+    rope = filled(cos.shape, jnp.float32, 1)  # [B, 1, r]
+    mask = filled((b, 1, k.shape[2]), bool, 1)
 
     def chain_for(path: str):
         def chain(states, x, rope, mask, cache):  # a function per path: JAX caches a trace per function, not per path
@@ -142,13 +141,8 @@ def _weights(leaves: list[jax.Array], copy: int) -> list[jax.Array]:
     out = []
     for leaf in leaves:
         own = linear.PATHS.resident((tuple(leaf.shape), jnp.dtype(leaf.dtype).name))
-        out.append(own[copy % len(own)] if own else _filled(leaf.shape, leaf.dtype, 1))
+        out.append(own[copy % len(own)] if own else filled(leaf.shape, leaf.dtype, 1))
     return out
-
-
-def _filled(shape: tuple[int, ...], dtype, value: int) -> jax.Array:
-    with jax.ensure_compile_time_eval():  # concrete, even while the caller traces
-        return jax.device_put(np.full(shape, value, jnp.dtype(dtype)))
 
 
 def charged_choice(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> bool:

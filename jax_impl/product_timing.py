@@ -75,6 +75,13 @@ def compiling(pool: ThreadPoolExecutor, table: Mapping[str, Form], forms: tuple[
     }
 
 
+def filled(shape: tuple[int, ...], dtype, value: int) -> jax.Array:
+    """A concrete array of `value`, even while the caller traces, made on the host and copied in: built by jnp, each
+    such array would compile a program of its own, which costs more than the timing it serves."""
+    with jax.ensure_compile_time_eval():
+        return jax.device_put(np.full(shape, value, jnp.dtype(dtype)))
+
+
 def timed_pass(rhs_shape: tuple[int, int], dtype, axis: int) -> tuple[tuple[int, int], int]:
     """(the weight shape a timing pass takes, how many distinct weights of it the pass streams): the key's own shape,
     up to STREAM_BYTES in all, or, for a larger weight (a tied head's table), one with as many output features as
@@ -107,7 +114,7 @@ def candidates(table: Mapping[str, Form], forms: tuple[str, ...], rows: int, rhs
         programs = ready or compiling(pool, table, forms, rows, jax.ShapeDtypeStruct(rhs_shape, dtype), axis, precision)
         with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
             x_of = {name: timed_x(name, rows, k, dtype) for name in forms}
-            xs = {name: jax.device_put(np.ones(x.shape, x.dtype)) for name, x in x_of.items()}  # a copy, no program
+            xs = {name: filled(x.shape, x.dtype, 1) for name, x in x_of.items()}
             weights = timed_weights(own, copies, rhs_shape, dtype)
         compiled = {name: future.result() for name, future in programs.items()}
 

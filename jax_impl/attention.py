@@ -130,5 +130,7 @@ class Attention(nnx.Module):
         else:
             if cache is not None:  # [B, n_kv, S, d], [B, n_kv, d, S]: every slot (or the ring) and the new ones
                 cache, k, v = cache.update(self.layer_idx, k, v)
+                s = mask.shape[-1]  # fewer than S: a prefill from an empty cache, the later slots unwritten
+                k, v = k[:, :, :s], v[..., :s]  # [B, n_kv, s, d], [B, n_kv, d, s]
             out = attend(q, k, v, mask, self.scale, self.softcap)  # [B, T, n_kv, g, d]
         return self.o_proj(out.reshape(b, t, n * d)), cache  # [B, T, H]

@@ -24,7 +24,7 @@ from jax.tree_util import PyTreeDef
 
 from jax_impl import linear
 from jax_impl.kv_cache import DONATE_CACHE, KVCache
-from jax_impl.model import CausalLM, attention_masks, default_positions
+from jax_impl.model import SLIDING, CausalLM, attention_masks, default_positions
 from jax_impl.tensor_parallel import sharded_steps
 from jax_impl.vocab_parallel import DATA, gather_logits, greedy_token
 from kernels.cpu import jax_decode_layer, jax_decode_ops
@@ -65,6 +65,9 @@ def _prefill(graphdef, params: SamplingParams, state, cache: KVCache, ids, key_v
     model: CausalLM = nnx.merge(graphdef, state)
     t = ids.shape[1]
     masks = attention_masks(model.spec, key_valid, 0, t, cache)  # per layer type [B, T, S]
+    # The cache starts empty: a full layer's slots past the prompt's T are unwritten, and attending over the T alone
+    # skips their masked scores (jax_impl/attention.py takes the mask's width). A ring's slots stay as they are.
+    masks = {kind: mask if kind == SLIDING else mask[..., :t] for kind, mask in masks.items()}  # [B, T, T]
     logits, cache = model.logits(ids, default_positions(key_valid, 0, t), masks, cache, True)
     logits = logits[:, -1].astype(jnp.float32)  # [B, V]
     token, finished = _next(logits, params, key, jnp.zeros(ids.shape[0], bool), eos, model.layout.tp)

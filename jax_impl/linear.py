@@ -4,40 +4,27 @@ equivalent forms on the machine that runs it; `product` gives a tied head's x @ 
 Mirrors torch_impl/linear.py: each backend's CPU choice for the same projections. The parameters are
 nnx.Linear's own, so the loader, sharding rules and checkpoints see no difference; only `dot_general` changes.
 
-A product x [m, in] @ W with few rows m (a decode step) streams W, and how fast depends on how XLA:CPU
-lowers it, which depends on the processor and the dtype. Four forms compute it:
-
-- dot: the single dot. XLA:CPU lowers a one-row product to its own matrix-vector code, which reads a
-  bfloat16 weight through a float32 copy of it; products of more rows go to its library matmul (a bfloat16 one
-  only when asked for a float32 result, which `_dot` does).
-- split (float32): the contraction in SPLIT_CHUNKS contiguous row blocks of W (a reshape, no copy: [in, out]
-  -> [c, in/c, out]), one batched product per block and a sum of the c partial rows: on some processors it
-  streams tall, narrow [in, out] weights faster than the single dot (docs/benchmarks.md). Not offered in
-  bfloat16, where XLA makes the same float32 copy of the weight for it as for the single dot.
-- pad: a single bfloat16 row padded with a zero row, so that XLA hands the product to its library matmul
-  (which reads bfloat16 weights as they are) instead of its matrix-vector code; the padding row's result is
-  dropped. Not offered in float32, where the matrix-vector code reads the weight directly and two-row
-  products streamed slower than one-row ones on both processor families measured (docs/benchmarks.md).
-- gemv: the project's own CPU kernel (kernels/cpu/gemv.c through an XLA custom call, kernels/cpu/jax_gemv.py),
-  one pass over the weight in its stored layout and dtype (bfloat16 widened as it is read), float32 compute,
-  for up to CHOICE_MAX_ROWS rows where it was built: XLA's matrix-vector code streams a chain of decode-sized
-  weights below what the machine reads (docs/benchmarks.md).
+A product x [m, in] @ W with few rows m (a decode step) streams W, and how fast depends on how XLA:CPU lowers it,
+which depends on the processor and the dtype; a product of more rows (a prompt's, a training step's forward) is
+compute-bound. The forms that compute it (the single dot, split, pad, the project's CPU kernels gemv and gemm) are
+jax_impl/product_forms.py's, which says why each one exists; `forms_for` says which apply to a product. A key of
+more than CHOICE_MAX_ROWS rows is kept per power-of-two bucket of rows (`rows_key`) and timed at no more than
+TIMED_MAX_ROWS rows over TIMED_MANY_COPIES distinct weights: compute-bound, its rate at a few hundred rows stands
+for more.
 
 None is fixed: the first trace of each (rows, in, out, dtype, layout) key asks `PATHS` (spec/path_choice.py),
 which times the forms that apply, each a small program of its own (jax_impl/product_timing.py), over enough distinct
 weights of that shape that they cannot all stay in cache, as a decode step streams its weights (a model's own inside
-`resident_weights`, which generate enters), and keeps the fastest for the process (the kernel, where it applies,
+`resident_weights`, which generate enters), and keeps the fastest for the process (a kernel, where one applies,
 unless another form beats it in every round: `PATHS`): every later trace agrees, and a compiled program holds the
 form chosen when it was traced. A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single
 dot unmeasured. One bfloat16 row is not timed against the single dot where XLA lowers that dot through a float32 copy
 of the weight and the padded form does not (`bf16_row_dot_copies`): the padded form moves less and is settled
 without a measurement.
 
-Every form accumulates in float32 and rounds once to the output dtype; they differ only by summation order
-(tests/jax_impl/test_linear.py checks each against a float64 product). `PATHS.forced(path)` or
-`dot_general(..., path=...)` pins a form while tracing (tests, comparisons). Products with more than
-CHOICE_MAX_ROWS rows (prefill) are compute-bound and keep the single dot; so do sharded products and other
-backends than the CPU.
+Every form computes the same product up to the order of a float32 sum (product_forms.py). `PATHS.forced(path)` or
+`dot_general(..., path=...)` pins a form while tracing (tests, comparisons). Sharded products and other backends than
+the CPU keep the single dot.
 """
 
 from __future__ import annotations
@@ -55,17 +42,19 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_impl import product_timing
-from kernels.cpu import jax_gemv
+from jax_impl.product_forms import FORMS, SPLIT_CHUNKS, dot
+from kernels.cpu import jax_gemm, jax_gemv
 from spec.path_choice import PathChoice
 
 # The first a key offers is its default, which another form replaces only by beating it in every timed round: the
-# kernel where it applies (it reads each weight once, in its stored layout), else the single dot.
-PATHS = PathChoice("jax_impl.linear", ("gemv", "dot", "split", "pad"))
-SPLIT_CHUNKS = 8  # row blocks of W in the split form
-CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight and has a choice; more keep the dot
+# few-row kernel where it applies (it reads each weight once, in its stored layout), else the single dot, which the
+# many-row kernel (no less compute, no fewer bytes) replaces only by being faster.
+PATHS = PathChoice("jax_impl.linear", ("gemv", "dot", "gemm", "split", "pad"))
+CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight (a decode step's); more are compute-bound
+TIMED_MAX_ROWS = 256  # a compute-bound key is timed at no more rows than this
+TIMED_MANY_COPIES = 2  # ... over this many distinct weights: reading them is a small share of its time
 MIN_CHOICE_BYTES = 256 << 10  # smaller weights (test models) stay in cache and keep the dot unmeasured
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # accumulated in float32 (`_dot`)
 
 
 def _contracted(lhs: jax.Array, rhs: jax.Array, dimension_numbers) -> int | None:
@@ -77,11 +66,12 @@ def _contracted(lhs: jax.Array, rhs: jax.Array, dimension_numbers) -> int | None
 
 
 def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=None) -> tuple[str, ...]:
-    """The forms that can compute this product, the single dot first; more than one only on the CPU, for
-    float32 or bfloat16 products of at most CHOICE_MAX_ROWS token rows, unsharded.
+    """The forms that can compute this product, the single dot first; more than one only on the CPU, for unsharded
+    float32 or bfloat16 products.
 
-    split: float32 x @ W[in, out] with in-features that make SPLIT_CHUNKS equal blocks; pad: a single bfloat16
-    row; gemv: where the CPU kernel was built."""
+    Up to CHOICE_MAX_ROWS token rows: split, float32 x @ W[in, out] with in-features that make SPLIT_CHUNKS equal
+    blocks; pad, a single bfloat16 row; gemv, where the CPU kernel was built. More rows: gemm, x @ W[in, out] where
+    the many-row kernel of its dtype was built (kernels/cpu/jax_gemm.py)."""
     axis = _contracted(lhs, rhs, dimension_numbers)
     rows = math.prod(lhs.shape[:-1])
     if not (
@@ -89,15 +79,16 @@ def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=No
         and out_sharding is None
         and lhs.dtype == rhs.dtype
         and jnp.dtype(lhs.dtype) in DTYPES
-        and rows <= CHOICE_MAX_ROWS
         and jax.default_backend() == "cpu"
         and jax.sharding.get_abstract_mesh().empty  # under a mesh the partitioner owns the product's layout
     ):
         return ("dot",)
+    x2 = jax.ShapeDtypeStruct((rows, lhs.shape[-1]), lhs.dtype)
+    if rows > CHOICE_MAX_ROWS:
+        return ("dot", "gemm") if axis == 0 and jax_gemm.supports(x2, rhs) else ("dot",)
     f32 = jnp.dtype(lhs.dtype) == jnp.float32  # see the docstring for why each form has its dtype
     split = ("split",) if f32 and axis == 0 and rhs.shape[0] % SPLIT_CHUNKS == 0 else ()
     pad = ("pad",) if rows == 1 and not f32 else ()
-    x2 = jax.ShapeDtypeStruct((rows, lhs.shape[-1]), lhs.dtype)
     gemv = ("gemv",) if jax_gemv.supports(x2, rhs, "cols" if axis == 0 else "rows") else ()
     return ("dot", *split, *pad, *gemv)
 
@@ -105,55 +96,6 @@ def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=No
 def has_choice(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=None) -> bool:
     """True when `dot_general` chooses among forms for this product (forms_for names them)."""
     return len(forms_for(lhs, rhs, dimension_numbers, out_sharding)) > 1
-
-
-def _single(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_element_type) -> jax.Array:
-    dims = (((lhs.ndim - 1,), (axis,)), ((), ()))
-    return _dot(lhs, rhs, dims, precision, preferred_element_type)
-
-
-def _dot(lhs: jax.Array, rhs: jax.Array, dims, precision, preferred_element_type, out_sharding=None) -> jax.Array:
-    """jax.lax.dot_general; a bfloat16 / float16 product without an asked-for result type accumulates into a float32
-    result, rounded once to the operands' dtype. The same arithmetic as a low-precision result (every form
-    accumulates in float32), but XLA:CPU runs it differently: asked for a bf16 result it converts both operands to
-    float32 copies and runs a float32 matmul; asked for a float32 one it hands the bf16 operands to its library
-    matmul as they are, 4-5x faster on a 128-row product here (docs/benchmarks.md)."""
-    low = preferred_element_type is None and jnp.dtype(lhs.dtype) in LOW_PRECISION and lhs.dtype == rhs.dtype
-    out = jax.lax.dot_general(
-        lhs,
-        rhs,
-        dims,
-        precision=precision,
-        preferred_element_type=jnp.float32 if low else preferred_element_type,
-        out_sharding=out_sharding,
-    )
-    return out.astype(lhs.dtype) if low else out
-
-
-def _split(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_element_type) -> jax.Array:
-    k, n, c = rhs.shape[0], rhs.shape[1], SPLIT_CHUNKS  # axis 0 only
-    x = lhs.reshape(-1, c, k // c)  # [m, c, in/c]
-    w = rhs.reshape(c, k // c, n)  # [c, in/c, out]: row blocks of W, no copy
-    partial = jnp.einsum("mck,ckn->cmn", x, w, precision=precision, preferred_element_type=jnp.float32)  # [c, m, out]
-    out = partial.sum(axis=0)  # [m, out], float32
-    return out.astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], n)  # [..., out]
-
-
-def _pad(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_element_type) -> jax.Array:
-    x = lhs.reshape(1, -1)  # [1, in]
-    x2 = jnp.concatenate([x, jnp.zeros_like(x)])  # [2, in]: a matrix product, not XLA's matrix-vector one
-    dims = (((1,), (axis,)), ((), ()))
-    out = jax.lax.dot_general(x2, rhs, dims, precision=precision, preferred_element_type=jnp.float32)  # [2, out]
-    return out[:1].astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], -1)  # [..., out]
-
-
-def _gemv(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_element_type) -> jax.Array:
-    x = lhs.reshape(-1, lhs.shape[-1])  # [m, in]
-    out = jax_gemv.gemv(x, rhs, "cols" if axis == 0 else "rows")  # [m, out], float32: full precision
-    return out.astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], -1)  # [..., out]
-
-
-FORMS = {"dot": _single, "split": _split, "pad": _pad, "gemv": _gemv}
 
 
 def resident_weights(weights: Iterable[jax.Array]) -> contextlib.AbstractContextManager[None]:
@@ -174,12 +116,13 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
     if isinstance(due, str):
         return due
     key, timed = due
-    axis, rows = _contracted(lhs, rhs, dimension_numbers), math.prod(lhs.shape[:-1])
+    axis, rows = _contracted(lhs, rhs, dimension_numbers), min(math.prod(lhs.shape[:-1]), TIMED_MAX_ROWS)
+    copies = TIMED_MANY_COPIES if rows > CHOICE_MAX_ROWS else product_timing.MAX_COPIES
 
     def measure() -> dict:
         own = PATHS.resident(_resident_key(rhs))  # a model's weights of this shape, if offered
         ready = (_PREPARED.get() or {}).get(key)  # compiled by `compiled_together`, if the caller asked
-        return product_timing.candidates(FORMS, timed, rows, rhs.shape, lhs.dtype, axis, precision, own, ready)
+        return product_timing.candidates(FORMS, timed, rows, rhs.shape, lhs.dtype, axis, precision, own, ready, copies)
 
     return PATHS.choose(key, measure)
 
@@ -229,8 +172,15 @@ def compiled_together(products: Iterable[tuple[jax.Array, jax.Array]], dimension
         _PREPARED.reset(token)
 
 
+def rows_key(rows: int) -> int:
+    """The row count a choice is kept under: exact up to CHOICE_MAX_ROWS (a few rows stream the weight), else the
+    power of two at or above it (compute-bound: the ranking does not turn within a factor of two of rows, and a
+    prompt of each new length would otherwise measure again). torch_impl/linear.py keys its products alike."""
+    return rows if rows <= CHOICE_MAX_ROWS else 1 << (rows - 1).bit_length()
+
+
 def _key(lhs: jax.Array, rhs: jax.Array, axis: int) -> tuple:
-    rows = math.prod(lhs.shape[:-1])
+    rows = rows_key(math.prod(lhs.shape[:-1]))
     return rows, rhs.shape[axis], rhs.shape[1 - axis], jnp.dtype(lhs.dtype).name, "x@W" if axis == 0 else "x@W^T"
 
 
@@ -295,7 +245,7 @@ def dot_general(
     if path != "dot":
         axis = _contracted(lhs, rhs, dimension_numbers)
         return FORMS[path](lhs, rhs, axis, precision, preferred_element_type)
-    return _dot(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding)
+    return dot(lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding)
 
 
 def product(x: jax.Array, weight: jax.Array, precision=None) -> jax.Array:

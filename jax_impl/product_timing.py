@@ -82,22 +82,23 @@ def filled(shape: tuple[int, ...], dtype, value: int) -> jax.Array:
         return jax.device_put(np.full(shape, value, jnp.dtype(dtype)))
 
 
-def timed_pass(rhs_shape: tuple[int, int], dtype, axis: int) -> tuple[tuple[int, int], int]:
+def timed_pass(rhs_shape: tuple[int, int], dtype, axis: int, max_copies: int = MAX_COPIES
+               ) -> tuple[tuple[int, int], int]:  # fmt: skip
     """(the weight shape a timing pass takes, how many distinct weights of it the pass streams): the key's own shape,
-    up to STREAM_BYTES in all, or, for a larger weight (a tied head's table), one with as many output features as
-    fit in STREAM_BYTES."""
+    up to STREAM_BYTES in all and `max_copies` weights, or, for a larger weight (a tied head's table), one with as
+    many output features as fit in STREAM_BYTES."""
     k, itemsize = rhs_shape[axis], jnp.dtype(dtype).itemsize
     if math.prod(rhs_shape) * itemsize > STREAM_BYTES:
         out = max(1, STREAM_BYTES // (k * itemsize))
         rhs_shape = (out, k) if axis == 1 else (k, out)
-    return rhs_shape, max(1, min(MAX_COPIES, STREAM_BYTES // (math.prod(rhs_shape) * itemsize)))
+    return rhs_shape, max(1, min(max_copies, STREAM_BYTES // (math.prod(rhs_shape) * itemsize)))
 
 
 def candidates(table: Mapping[str, Form], forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], dtype,
-               axis: int, precision, own: list[jax.Array],
-               ready: Mapping[str, Future] | None = None) -> dict[str, Callable]:  # fmt: skip
-    """One timing pass per form: the product of `rows` rows over the distinct weights of `timed_pass`, a model's own
-    (`own`) where they suffice (`timed_weights`).
+               axis: int, precision, own: list[jax.Array], ready: Mapping[str, Future] | None = None,
+               max_copies: int = MAX_COPIES) -> dict[str, Callable]:  # fmt: skip
+    """One timing pass per form: the product of `rows` rows over the distinct weights of `timed_pass` (at most
+    `max_copies`), a model's own (`own`) where they suffice (`timed_weights`).
 
     Each form is its own small program, compiled on a thread of its own from the moment it is lowered
     (`compiling`), so that choosing costs about one compilation per key. The programs leave out what a model's
@@ -109,7 +110,7 @@ def candidates(table: Mapping[str, Form], forms: tuple[str, ...], rows: int, rhs
     (tests/jax_impl/test_linear.py compares them)."""
     dtype = jnp.dtype(dtype)
     k = rhs_shape[axis]
-    rhs_shape, copies = timed_pass(rhs_shape, dtype, axis)
+    rhs_shape, copies = timed_pass(rhs_shape, dtype, axis, max_copies)
     with ThreadPoolExecutor(len(forms)) as pool:
         programs = ready or compiling(pool, table, forms, rows, jax.ShapeDtypeStruct(rhs_shape, dtype), axis, precision)
         with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces

@@ -1,5 +1,6 @@
 """Compiling and loading the CPU kernels (kernels/cpu/gemv.c, kernels/cpu/decode_ops.c and decode_layer.c, which
-composes the two, and for JAX their XLA bindings gemv_ffi.cc and decode_ops_ffi.cc).
+composes the two, and for JAX their XLA bindings gemv_ffi.cc and decode_ops_ffi.cc; for JAX only, and only on the
+processors `ISA` names, gemm.c with gemm_ffi.cc (AVX-512) and gemm_amx.c with gemm_amx_ffi.cc (AMX)).
 
 The kernels are C, compiled on the machine that runs them at first use, with its C compiler, into the project's
 cache directory (spec.default_cache_dir(): $XDG_CACHE_HOME/decoder-parity), under a name that hashes the sources
@@ -7,9 +8,10 @@ and the flags, so an edited source is rebuilt and a built one is reused by every
 seconds, once per machine). Written to a temporary name and renamed: two processes building at once never load a
 half-written file.
 
-Where a kernel cannot be had -- not x86-64, no AVX2 and FMA, no compiler, a failed compile -- `load` returns None
-and `unavailable(name)` says why; the backends then offer only their library paths (torch_impl/linear.py,
-jax_impl/linear.py), so nothing needs the kernels to run. Framework-neutral: imports neither torch nor jax.
+Where a kernel cannot be had -- not x86-64, no AVX2 and FMA (or what `ISA` adds), no compiler, a failed compile --
+`load` returns None and `unavailable(name)` says why; the backends then offer only their library paths
+(torch_impl/linear.py, jax_impl/linear.py), so nothing needs the kernels to run. Framework-neutral: imports neither
+torch nor jax.
 """
 
 from __future__ import annotations
@@ -48,6 +50,16 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
         "xla_pool.h",
         "bf16.h",
     ),
+    "gemm_xla": ("gemm.c", "gemm_ffi.cc", "xla_pool.h"),
+    "gemm_amx_xla": ("gemm_amx.c", "gemm_amx_ffi.cc", "xla_pool.h"),
+}
+# per library, beyond the flags above: (compile flags, the /proc/cpuinfo flags the processor must have for them)
+ISA = {
+    "gemm_xla": (("-mavx512f",), ("avx512f",)),
+    "gemm_amx_xla": (
+        ("-mavx512f", "-mavx512bw", "-mamx-tile", "-mamx-bf16"),
+        ("avx512f", "avx512bw", "amx_tile", "amx_bf16"),
+    ),
 }
 
 _why: dict[str, str] = {}
@@ -76,7 +88,7 @@ def load(name: str, include_dirs: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     "decode_ops_xla" with their XLA FFI handlers, which need XLA's FFI headers in `include_dirs`), built at first
     use; None where it cannot be."""
     sources = SOURCES[name]
-    reason = _unsupported()
+    reason = _unsupported(name)
     if reason is None:
         try:
             path = _build(name, sources, include_dirs)
@@ -101,10 +113,12 @@ def functions(name: str, symbols: Mapping[Hashable, tuple[str, list]]) -> dict[H
     return table
 
 
-def _unsupported() -> str | None:
+def _unsupported(name: str | None = None) -> str | None:
+    """Why library `name` (None: any of them) cannot be built here, or None."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the CPU kernels are x86-64 code; this is {platform.machine()}"
-    missing = [flag for flag in REQUIRED_FLAGS if flag not in cpu_flags()]
+    required = (*REQUIRED_FLAGS, *ISA.get(name, ((), ()))[1])
+    missing = [flag for flag in required if flag not in cpu_flags()]
     if missing:
         return f"the processor lacks {', '.join(missing)}"
     if _compiler("c") is None:
@@ -118,10 +132,11 @@ def _compiler(language: str) -> str | None:
 
 
 def _build(name: str, sources: tuple[str, ...], include_dirs: tuple[str, ...]) -> Path:
+    extra = ISA.get(name, ((), ()))[0]
     digest = hashlib.sha256()
     for source in sources:
         digest.update((HERE / source).read_bytes())
-    for part in (*C_FLAGS, *CXX_FLAGS, *include_dirs):
+    for part in (*C_FLAGS, *CXX_FLAGS, *extra, *include_dirs):
         digest.update(part.encode())
     for include in include_dirs:  # XLA's FFI headers: a new jaxlib's ABI is a new library
         for header in sorted(Path(include).glob("xla/ffi/api/*.h")):
@@ -145,7 +160,7 @@ def _build(name: str, sources: tuple[str, ...], include_dirs: tuple[str, ...]) -
                 raise OSError(f"no {language} compiler to build {source}")
             obj = Path(tmp) / f"{source}.o"
             includes = [f"-I{d}" for d in include_dirs]
-            _run([compiler, *flags, *includes, "-c", str(HERE / source), "-o", str(obj)])
+            _run([compiler, *flags, *extra, *includes, "-c", str(HERE / source), "-o", str(obj)])
             objects.append(str(obj))
         linker = _compiler("c++" if cxx else "c")
         partial = Path(tmp) / target.name

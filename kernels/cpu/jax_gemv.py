@@ -80,7 +80,9 @@ def _forward(x: jax.Array, w: jax.Array, layout: str):
     return gemv(x, w, layout), (x, w)
 
 
-def _backward(layout: str, saved, g: jax.Array):
+def backward(layout: str, saved, g: jax.Array):
+    """(dx, dW) of y = x @ W ("cols", W [in, out]) or x @ W^T ("rows", W [out, in]) for the output gradient g: the
+    two plain products at full precision, as the single dot's backward would be; jax_gemm.py shares it."""
     x, w = saved
     w32 = w.astype(jnp.float32)
     hi = jax.lax.Precision.HIGHEST
@@ -91,4 +93,4 @@ def _backward(layout: str, saved, g: jax.Array):
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
-gemv.defvjp(_forward, _backward)
+gemv.defvjp(_forward, backward)

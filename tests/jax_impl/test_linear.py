@@ -24,8 +24,9 @@ from jax_impl.linear import (
     has_choice,
     path_of,
     product,
+    rows_key,
 )
-from kernels.cpu import jax_gemv
+from kernels.cpu import jax_gemm, jax_gemv
 from parity.tolerances import TOLERANCES
 
 MAX_REL = TOLERANCES["float32"].max_rel  # reordered float32 sums, the table's reviewed bound
@@ -33,6 +34,8 @@ BF16_REL = 2.0**-7  # a bfloat16 result rounds to 8 significant bits; the produc
 LINEAR_DIMS = (((1,), (0,)), ((), ()))  # nnx.Linear's dimension numbers for a 2-D input
 ON_CPU = jax.default_backend() == "cpu"
 GEMV = ("gemv",) if ON_CPU and jax_gemv.available() else ()  # the CPU kernel, where it was built
+GEMM = ("gemm",) if ON_CPU and jax_gemm.available("float32") else ()  # the many-row kernel, where built (AVX-512)
+GEMM_BF16 = ("gemm",) if ON_CPU and jax_gemm.available("bfloat16") else ()  # its bfloat16 twin (AMX)
 
 
 def max_rel(got: jax.Array, want: np.ndarray) -> float:
@@ -47,8 +50,8 @@ def make_linear(in_features: int, out_features: int, bias: bool, seed: int = 0) 
     return layer
 
 
-@pytest.mark.parametrize("path", [None, "dot", "split", "pad", "gemv"])  # None: the measured choice
-@pytest.mark.parametrize("lead", [(1,), (1, 1, 1), (3,), (2, 5)])  # 10 rows: more than CHOICE_MAX_ROWS
+@pytest.mark.parametrize("path", [None, "dot", "split", "pad", "gemv", "gemm"])  # None: the measured choice
+@pytest.mark.parametrize("lead", [(1,), (1, 1, 1), (3,), (2, 5), (3, 77)])  # 10 and 231 rows: more than CHOICE_MAX_ROWS
 @pytest.mark.parametrize("in_features", [40, 37])  # 40 = 8 blocks of 5 rows; 37 cannot be split
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_matches_float64_product(path, lead, in_features, bias):
@@ -86,7 +89,10 @@ def test_which_products_have_a_choice():
     assert forms_for(xb[:1], wb.T, transposed) == (("dot", "pad", *GEMV) if ON_CPU else ("dot",))
     assert forms_for(x, w.T, transposed) == ("dot", *GEMV)  # no split of W^T's columns, no padding of 8 rows
     assert forms_for(xb, wb, LINEAR_DIMS) == ("dot", *GEMV)  # bfloat16, 8 rows: neither split nor pad
-    assert not has_choice(jnp.ones((CHOICE_MAX_ROWS + 1, 64)), w, LINEAR_DIMS)  # prefill-sized: the single dot
+    many = jnp.ones((CHOICE_MAX_ROWS + 1, 64))  # prefill-sized: the single dot, or the many-row kernel in float32
+    assert forms_for(many, w, LINEAR_DIMS) == ("dot", *GEMM)
+    assert forms_for(many.astype(jnp.bfloat16), wb, LINEAR_DIMS) == ("dot", *GEMM_BF16)
+    assert not has_choice(many, w.T, transposed)  # the many-row kernel takes W [in, out] only
     assert forms_for(x[:, :60], w[:60], LINEAR_DIMS) == ("dot", *GEMV)  # 60 rows of W: no 8 equal blocks
     assert forms_for(xb[:1, :60], wb[:60], LINEAR_DIMS) == (("dot", "pad", *GEMV) if ON_CPU else ("dot",))
     assert not has_choice(x.astype(jnp.float16), w.astype(jnp.float16), LINEAR_DIMS)
@@ -103,6 +109,37 @@ def test_gemv_form_is_a_custom_call():
     assert "dot_general" in grad_text  # dW = x^T g: the custom call has no backward of its own
 
 
+GEMM_CASES = [
+    (jnp.float32, GEMM, "decoder_parity_GemmF32", MAX_REL),
+    (jnp.bfloat16, GEMM_BF16, "decoder_parity_GemmAmxBF16", BF16_REL),
+]
+
+
+@pytest.mark.parametrize(("dtype", "kernel", "target", "tol"), GEMM_CASES)
+def test_gemm_form_is_a_custom_call(dtype, kernel, target, tol):
+    """Pinned, the many-row kernel is what the compiled program calls (where it was built: else the single dot) and
+    computes the product; its backward is plain dots that match the float64 gradients."""
+    gen = np.random.default_rng(3)
+    w = jnp.asarray(gen.standard_normal((67, 45)), dtype)
+    x = jnp.asarray(gen.standard_normal((2, 13, 67)), dtype)  # [B, T, in]: 26 rows
+    dims = (((2,), (0,)), ((), ()))
+    pinned = jax.jit(lambda x: dot_general(x, w, dims, precision=jax.lax.Precision.HIGHEST, path="gemm"))
+    assert (target in pinned.lower(x).as_text()) == bool(kernel)
+    got = pinned(x)
+    assert got.dtype == dtype and max_rel(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64)) <= tol
+    if dtype != jnp.float32:  # the gradients' arithmetic is the float32 case's
+        return
+
+    def loss(x, w):
+        return (dot_general(x, w, dims, precision=jax.lax.Precision.HIGHEST, path="gemm") ** 2).sum()
+
+    dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
+    x64, w64 = np.asarray(x, np.float64).reshape(26, 67), np.asarray(w, np.float64)
+    g = 2 * x64 @ w64  # d(sum y^2)/dy, [26, out]
+    assert max_rel(dx.reshape(26, 67), g @ w64.T) <= MAX_REL
+    assert max_rel(dw, x64.T @ g) <= MAX_REL
+
+
 def test_forced_forms_are_what_runs(fresh_choices):
     """The split form's partial sums appear in the program when pinned, and only where the choice applies."""
 
@@ -117,7 +154,8 @@ def test_forced_forms_are_what_runs(fresh_choices):
     assert "reduce_sum" not in program(1, "dot") and "concatenate" not in program(1, "dot", jnp.bfloat16)
     assert "concatenate" not in program(1, "pad")  # float32: no pad form, the single dot
     assert "concatenate" not in program(2, "pad", jnp.bfloat16)  # two rows: nothing to pad
-    assert "reduce_sum" not in program(CHOICE_MAX_ROWS + 1, "split")  # no choice there: the single dot
+    assert "reduce_sum" not in program(CHOICE_MAX_ROWS + 1, "split")  # no split form there: the single dot
+    assert "decoder_parity_Gemm" not in program(CHOICE_MAX_ROWS, "gemm")  # few rows: no many-row kernel
     assert fresh_choices.chosen() == {}  # pinned: nothing measured
     with pytest.raises(ValueError, match="unknown path"):
         program(1, "fast")
@@ -149,6 +187,27 @@ def test_choice_is_measured_once_per_shape_outside_the_trace(fresh_choices, dtyp
     assert path_of(x, w, dims) == choice.path  # eager, or traced again: the same form, not measured again
     jax.jit(lambda x, w: dot_general(x, w, dims) * 2)(x, w)
     assert fresh_choices.chosen() == {key: choice}
+
+
+def test_many_row_keys_are_kept_per_power_of_two():
+    assert [rows_key(r) for r in (1, 7, CHOICE_MAX_ROWS)] == [1, 7, CHOICE_MAX_ROWS]  # streamed: exact
+    assert [rows_key(r) for r in (CHOICE_MAX_ROWS + 1, 16, 17, 128, 129, 4096)] == [16, 16, 32, 128, 256, 4096]
+
+
+@pytest.mark.skipif(not GEMM, reason="the many-row CPU kernel is not built here (it needs AVX-512)")
+def test_a_prompts_choice_is_measured_once_per_bucket(fresh_choices):
+    """A prompt-sized float32 product times the single dot against the many-row kernel once per power-of-two bucket
+    of rows: a prompt of 100 tokens and one of 120 share the choice, and each result is the product's."""
+    gen = np.random.default_rng(4)
+    w = jnp.asarray(gen.standard_normal((512, 160)) / 512**0.5, jnp.float32)  # 320 KiB: over MIN_CHOICE_BYTES
+    dims = (((2,), (0,)), ((), ()))
+    for tokens in (100, 120):
+        x = jnp.asarray(gen.standard_normal((1, tokens, 512)), jnp.float32)
+        got = jax.jit(lambda x, w: dot_general(x, w, dims, precision=jax.lax.Precision.HIGHEST))(x, w)
+        assert max_rel(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64)) <= MAX_REL
+    ((key, choice),) = fresh_choices.chosen().items()
+    assert key == (128, 512, 160, "float32", "x@W")
+    assert choice.path in ("dot", "gemm") and set(choice.seconds) == {"dot", "gemm"} and choice.cost > 0
 
 
 @pytest.mark.parametrize("path", [None, "dot", "pad", "gemv"])

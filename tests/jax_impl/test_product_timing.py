@@ -35,7 +35,7 @@ def weight_ops(program_text: str, w_shape: tuple[int, int]) -> list[str]:
 @pytest.mark.skipif(not ON_CPU, reason="XLA:CPU's programs")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize(("axis", "w_shape"), [(0, (1024, 1536)), (1, (1536, 1024))])  # x @ W, a tied head's x @ W^T
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 128])  # 128: a prompt's, where float32 x @ W has the many-row kernel
 def test_timed_programs_run_the_products_a_model_runs(dtype, axis, w_shape, rows):
     """The timing programs drop glue a model fuses away (a row as a vector, float32 in and out around the
     kernel); what touches the weight must stay as a model's program compiles it, or the timing measures another
@@ -87,7 +87,7 @@ def test_a_models_own_weights_are_timed_where_it_has_enough_of_them(fresh_choice
 
     offered = []
 
-    def measured(_table, forms, _rows, _shape, _dtype, _axis, _precision, own, _ready):
+    def measured(_table, forms, _rows, _shape, _dtype, _axis, _precision, own, _ready, _copies):
         offered.append(own)  # as path_of passed it
         return {form: lambda: None for form in forms}
 

@@ -1,0 +1,92 @@
+"""JAX launcher of the CPU many-row products (kernels/cpu/gemm.c for float32 on AVX-512, gemm_amx.c for bfloat16 on
+AMX; bound to XLA by gemm_ffi.cc and gemm_amx_ffi.cc): `gemm(x, w)`.
+
+jax_impl/linear.py offers it as the form "gemm" beside the single dot for the products of more than a decode step's
+rows (a prompt's, a training step's forward), chosen by measurement. x [rows, in] @ W [in, out] (Flax's kernel
+layout), both float32 or both bfloat16, the float32 result returned for the caller to round once. Each dtype has its
+own library, built only where the processor has what it is compiled for (kernels.cpu.build.ISA): an AVX-512
+processor without AMX has the float32 one alone. A custom call inside a jitted program (jax.ffi.ffi_call),
+differentiable: its backward is the two plain products (jax_gemv.backward). CPU only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from kernels.cpu import build
+from kernels.cpu.jax_gemv import backward
+
+LIBRARIES = {"float32": ("gemm_xla", "GemmF32"), "bfloat16": ("gemm_amx_xla", "GemmAmxBF16")}  # (library, symbol)
+_refused: dict[str, str] = {}
+
+
+@functools.cache
+def available(dtype: str) -> bool:
+    """Whether the kernel for `dtype` ("float32", "bfloat16") is built and registered with XLA here (`unavailable`:
+    why not). Registration, and for AMX Linux's grant of the tile state, happen once per process."""
+    library, symbol = LIBRARIES[dtype]
+    lib = build.load(library, (jax.ffi.include_dir(),))
+    if lib is None:
+        return False
+    if library == "gemm_amx_xla" and (err := lib.gemm_amx_permit()) != 0:
+        _refused[dtype] = f"Linux refused the AMX tile state (arch_prctl returned {err})"
+        return False
+    jax.ffi.register_ffi_target(_target(symbol), jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+    return True
+
+
+def unavailable(dtype: str) -> str | None:
+    """Why the kernel for `dtype` is not available in this process, or None (available, or not asked for yet)."""
+    return _refused.get(dtype) or build.unavailable(LIBRARIES[dtype][0])
+
+
+def _target(symbol: str) -> str:
+    return f"decoder_parity_{symbol}"
+
+
+def supports(x: jax.Array, w: jax.Array) -> bool:
+    """x [rows, in] and w [in, out] of one dtype with a kernel here (LIBRARIES), in >= 1, on the CPU."""
+    dtype = jnp.dtype(x.dtype).name
+    return (
+        x.ndim == 2
+        and w.ndim == 2
+        and x.shape[0] > 0
+        and x.shape[1] == w.shape[0] > 0
+        and x.dtype == w.dtype
+        and dtype in LIBRARIES
+        and jax.default_backend() == "cpu"
+        and available(dtype)
+    )
+
+
+@jax.custom_vjp
+def gemm(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [rows, in] @ w [in, out] -> [rows, out] float32; a ValueError naming the operands where `supports` does not
+    hold."""
+    if not supports(x, w):
+        dtype = jnp.dtype(x.dtype).name
+        why = (unavailable(dtype) or "built") if dtype in LIBRARIES else "no kernel for this dtype"
+        raise ValueError(
+            f"gemm: x {x.shape} {x.dtype}, w {w.shape} {w.dtype}: needs x [rows, in] and w [in, out] of one dtype "
+            f"among {sorted(LIBRARIES)}, on the CPU, with its kernel built ({why})"
+        )
+    call = jax.ffi.ffi_call(
+        _target(LIBRARIES[jnp.dtype(x.dtype).name][1]),
+        jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32),  # [rows, out]
+        vmap_method="sequential",
+    )
+    return call(x, w)
+
+
+def _forward(x: jax.Array, w: jax.Array):
+    return gemm(x, w), (x, w)
+
+
+def _backward(saved, g: jax.Array):
+    return backward("cols", saved, g)
+
+
+gemm.defvjp(_forward, _backward)

@@ -1,7 +1,8 @@
-"""The reference of kernels/cpu/gemv.c: the same product in float64 numpy, for the tests to hold the kernel to.
+"""The reference of kernels/cpu/gemv.c, gemm.c and gemm_amx.c: the same product in float64 numpy, for the tests to
+hold the kernels to.
 
-x [m, in] @ W (+ b) with W [out, in] ("rows", torch's layout) or [in, out] ("cols", Flax's), bfloat16 weights
-taken at their exact float32 values. Framework-neutral (numpy and ml_dtypes only).
+x [m, in] @ W (+ b) with W [out, in] ("rows", torch's layout) or [in, out] ("cols", Flax's; the GEMMs' only
+layout), bfloat16 operands taken at their exact float32 values. Framework-neutral (numpy and ml_dtypes only).
 """
 
 from __future__ import annotations

@@ -6,14 +6,16 @@
  *
  * Arithmetic: each tile product (TDPBF16PS) multiplies bf16 pairs exactly and accumulates in float32, so the product
  * is the bf16 contract's (bf16 operands, float32 accumulation, the caller rounds once); the order of the float32
- * sums is the tile unit's, and it treats bf16 subnormals as zero (the bf16 table's tolerance covers both).
+ * sums is the tile unit's, and it treats bf16 subnormals as zero (tests/kernels/test_cpu_gemm.py holds it to the
+ * float32 table's bound).
  *
  * Layout. x is read in place as the A tiles (16 rows x 32 bf16, its row stride `ldx`): the launcher hands over x
  * padded with zeros to a multiple of 32 rows and 32 columns where it is not one (gemm_amx_ffi.cc), so every tile is
- * whole. W is taken in panels of 32 columns, each repacked once per call into the tile unit's pair-interleaved
- * ("VNNI") layout for the whole contraction: per step of 32 k, two B tiles of 16 rows, row kp holding
+ * whole. W is taken in panels of 32 columns, repacked K block by K block (KB steps of 32 k) for GROUP panels at a
+ * time into the tile unit's pair-interleaved ("VNNI") layout: per step, two B tiles of 16 rows, row kp holding
  * (W[2kp][c], W[2kp + 1][c]) for each of 16 columns c, zero past `in` and past the last column. A 32 x 32 block of
- * y is four C tiles: per step, two A tiles, two B tiles, four tile products.
+ * y is four C tiles, carried from K block to K block through y: per step, two A tiles, two B tiles, four tile
+ * products.
  *
  * Work is cut into items (gemm_amx_item): a block of MC rows by a span of panels, independent of each other; each
  * output is summed over k in step order whatever the cut.
@@ -25,7 +27,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-enum { PANEL = 32, MC = 128, STEP = 32, TILE_BYTES = 1024, KB = 8, GROUP = 16 };  // KB steps of 32 k, GROUP panels
+// TILE: one B tile's bf16 elements (16 rows of 64 bytes); PAIR: a step's two; KB: steps per K block; GROUP: panels
+enum { PANEL = 32, MC = 128, STEP = 32, TILE = 512, PAIR = 2 * TILE, KB = 8, GROUP = 16 };
 enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
 
 long gemm_amx_row_blocks(long m) { return (m + MC - 1) / MC; }
@@ -50,7 +53,7 @@ static void configure(void) {
 }
 
 /* Rows [k0, k0 + 32 * steps) of W's panels c0 / 32 .. + panels into buf, panel j's `steps` pairs of B tiles at
- * buf + j * steps * TILE_BYTES (the layout above). Two rows of W are read at a time across every panel of the group,
+ * buf + j * steps * PAIR (the layout above). Two rows of W are read at a time across every panel of the group,
  * so W is read row by row: taken panel by panel, each row of a panel is a cache line on a page of its own, and the
  * reads waited on address translation and memory for most of a prompt's product (docs/benchmarks.md). */
 static void pack(const uint16_t *w, long in, long out, long k0, long steps, long c0, long panels, uint16_t *buf) {
@@ -66,9 +69,9 @@ static void pack(const uint16_t *w, long in, long out, long k0, long steps, long
                 const __mmask32 cols = width >= PANEL ? 0xFFFFFFFFu : (__mmask32)((1u << width) - 1);
                 const __m512i a = k < in ? _mm512_maskz_loadu_epi16(cols, ra + c) : _mm512_setzero_si512();
                 const __m512i b = k + 1 < in ? _mm512_maskz_loadu_epi16(cols, rb + c) : _mm512_setzero_si512();
-                uint16_t *t0 = buf + (j * steps + s) * TILE_BYTES + kp * 32;
+                uint16_t *t0 = buf + (j * steps + s) * PAIR + kp * 32;
                 _mm512_store_si512(t0, _mm512_permutex2var_epi16(a, lo_idx, b));
-                _mm512_store_si512(t0 + TILE_BYTES / 2, _mm512_permutex2var_epi16(a, hi_idx, b));
+                _mm512_store_si512(t0 + TILE, _mm512_permutex2var_epi16(a, hi_idx, b));
             }
         }
 }
@@ -87,7 +90,7 @@ int gemm_amx_item(const uint16_t *x, long ldx, const uint16_t *w, float *y, long
     // This thread's packing buffer, kept from call to call: one of this size mapped anew by malloc on every call
     // has its pages faulted in while the product waits.
     static __thread uint16_t *buf = NULL;
-    if (buf == NULL && (buf = aligned_alloc(64, GROUP * KB * TILE_BYTES * sizeof(uint16_t))) == NULL) return -1;
+    if (buf == NULL && (buf = aligned_alloc(64, GROUP * KB * PAIR * sizeof(uint16_t))) == NULL) return -1;
     configure();
     for (long g = p0; g < p1; g += GROUP) {
         const long group = p1 - g < GROUP ? p1 - g : GROUP;
@@ -95,7 +98,7 @@ int gemm_amx_item(const uint16_t *x, long ldx, const uint16_t *w, float *y, long
             const long kb = steps - s0 < KB ? steps - s0 : KB;
             pack(w, in, out, s0 * STEP, kb, g * PANEL, group, buf);
             for (long j = 0; j < group; j++) {
-                const uint16_t *b = buf + j * kb * TILE_BYTES;
+                const uint16_t *b = buf + j * kb * PAIR;
                 for (long r = r0; r < r1; r += 32) {
                     float *c = y + r * ldy + (g + j) * PANEL;
                     const long stride = ldy * sizeof(float);
@@ -114,8 +117,8 @@ int gemm_amx_item(const uint16_t *x, long ldx, const uint16_t *w, float *y, long
                     for (long s = 0; s < kb; s++) {
                         _tile_loadd(4, xa + STEP * s, ldx * 2);
                         _tile_loadd(5, xb + STEP * s, ldx * 2);
-                        _tile_loadd(6, b + s * TILE_BYTES, 64);
-                        _tile_loadd(7, b + s * TILE_BYTES + TILE_BYTES / 2, 64);
+                        _tile_loadd(6, b + s * PAIR, 64);
+                        _tile_loadd(7, b + s * PAIR + TILE, 64);
                         _tile_dpbf16ps(0, 4, 6);
                         _tile_dpbf16ps(1, 4, 7);
                         _tile_dpbf16ps(2, 5, 6);

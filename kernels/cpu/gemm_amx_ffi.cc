@@ -4,9 +4,9 @@
 // (gemm_amx_permit).
 //
 // The kernel reads and writes whole 32 x 32 blocks: where m or in is not a multiple of 32, x is first copied into a
-// zero-padded buffer, and where m or out is not, y is computed into a padded one and copied out. The items run on XLA's own intra-op thread pool (Share, xla_pool.h says why).
+// zero-padded buffer, and where m or out is not, y is computed into a padded one and copied out. The items run on
+// XLA's own intra-op thread pool (Share, xla_pool.h says why).
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -44,19 +44,22 @@ static ffi::Error GemmAmx(ffi::ThreadPool pool, Bf16Matrix x, Bf16Matrix w, ffi:
         yd = y_padded.data();
     }
     const long helpers = std::max<int64_t>(0, pool.num_threads() - 1);
-    const long spans = std::min(gemm_amx_panels(out), 2 * (helpers + 1));  // a few per thread: a late helper finds work
+    // a few spans per thread: a late helper still finds work
+    const long spans = std::min(gemm_amx_panels(out), 2 * (helpers + 1));
     const long items = gemm_amx_row_blocks(rows) * spans;
-    std::atomic<int> failed{0};
-    std::atomic<int> *flag = &failed;
-    Share(pool, helpers, items, [=](long i) {
-        if (gemm_amx_item(xd, ldx, wd, yd, ldy, rows, in, out, i, items) != 0) flag->store(1, std::memory_order_relaxed);
+    const bool done = ShareChecked(pool, helpers, items, [=](long i) {
+        return gemm_amx_item(xd, ldx, wd, yd, ldy, rows, in, out, i, items);
     });
+    if (!done) return ffi::Error::Internal("decoder_parity gemm_amx: no memory for a packing buffer");
     if (yd != y->typed_data()) {
         for (long r = 0; r < m; r++) std::memcpy(y->typed_data() + r * out, yd + r * ldy, out * sizeof(float));
     }
-    if (failed.load()) return ffi::Error::Internal("decoder_parity gemm_amx: no memory for a packing buffer");
     return ffi::Error::Success();
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmAmxBF16, GemmAmx,
-                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<Bf16Matrix>().Arg<Bf16Matrix>().Ret<F32Matrix>());
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Bf16Matrix>()
+                                  .Arg<Bf16Matrix>()
+                                  .Ret<F32Matrix>());

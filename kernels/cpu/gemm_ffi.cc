@@ -4,7 +4,6 @@
 //
 // The items run on XLA's own intra-op thread pool (Share, xla_pool.h says why).
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "xla_pool.h"
@@ -23,17 +22,17 @@ static ffi::Error Gemm(ffi::ThreadPool pool, Matrix x, Matrix w, ffi::ResultBuff
         return ffi::Error::InvalidArgument("decoder_parity gemm: operand shapes do not agree");
     }
     const long helpers = std::max<int64_t>(0, pool.num_threads() - 1);
-    const long spans = std::min(gemm_panels(out), 2 * (helpers + 1));  // a few per thread: a late helper still finds work
+    // a few spans per thread: a late helper still finds work
+    const long spans = std::min(gemm_panels(out), 2 * (helpers + 1));
     const long items = gemm_row_blocks(m) * spans;
     const float *xd = x.typed_data(), *wd = w.typed_data();
     float *yd = y->typed_data();
-    std::atomic<int> failed{0};
-    std::atomic<int> *flag = &failed;
-    Share(pool, helpers, items, [=](long i) {
-        if (gemm_f32_item(xd, wd, yd, m, in, out, i, items) != 0) flag->store(1, std::memory_order_relaxed);
+    const bool done = ShareChecked(pool, helpers, items, [=](long i) {
+        return gemm_f32_item(xd, wd, yd, m, in, out, i, items);
     });
-    if (failed.load()) return ffi::Error::Internal("decoder_parity gemm: no memory for a packing buffer");
+    if (!done) return ffi::Error::Internal("decoder_parity gemm: no memory for a packing buffer");
     return ffi::Error::Success();
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmF32, Gemm, ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<Matrix>().Arg<Matrix>().Ret<Matrix>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GemmF32, Gemm,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<Matrix>().Arg<Matrix>().Ret<Matrix>());

@@ -37,6 +37,18 @@ static void Share(ffi::ThreadPool &pool, long helpers, long items, F f) {
     while (work->done.load(std::memory_order_acquire) < items) _mm_pause();
 }
 
+// Share for items that can fail (f returns 0 on success, else nonzero): whether every item succeeded. The flag may
+// live on the caller's stack: Share returns only after every item ran, and a helper that starts later claims none.
+template <typename F>
+static bool ShareChecked(ffi::ThreadPool &pool, long helpers, long items, F f) {
+    std::atomic<bool> failed{false};
+    std::atomic<bool> *flag = &failed;
+    Share(pool, helpers, items, [=](long i) {
+        if (f(i) != 0) flag->store(true, std::memory_order_relaxed);
+    });
+    return !failed.load();
+}
+
 // f(phase, item) for every item of every phase in order, item in [0, items[phase]): Share's claiming, phase after
 // phase, by this thread and `helpers` tasks on XLA's pool that each stay for the whole sequence, so the pool is
 // woken once per call instead of once per phase. Every item of a phase ends before any of the next begins: a thread

@@ -15,7 +15,10 @@
  * drivers: NAME runs the parts on an OpenMP team (torch's own when torch loaded it first: kernels/cpu/
  * torch_gemv.py); gemv_ffi.cc runs them on XLA's intra-op thread pool, so the kernel never competes with it.
  *
- * AVX2 + FMA; build.py compiles this only where the processor has both. Any shape: tails are scalar.
+ * AVX2 + FMA; build.py compiles this only where the processor has both. Any shape: tails are scalar. Where the
+ * processor has AVX-512F (and AVX512_BF16), each part runs gemv_avx512.c's 512-bit loops instead (gemv_isa, a rule
+ * of the instruction set, not a measurement: the same loops with half the instructions per cache line of W, which no
+ * processor reads slower); that file says what they keep bit for bit and what they reorder.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -23,9 +26,40 @@
 #include <stdlib.h>
 
 enum { ROW_TILE = 4, MAX_ROWS = 8, RUN_BYTES = 256 << 10 };
+enum { ISA_AVX2 = 0, ISA_AVX512 = 1, ISA_AVX512_BF16 = 2 }; /* gemv_isa's levels */
 
 void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long m, long in, long out, long part,
                            long parts);
+void gemv_rows_f32_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out, long part,
+                        long parts);
+void gemv_rows_bf16_part(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out,
+                         long part, long parts);
+void gemv_cols_f32_part(const float *x, const float *w, float *partials, long m, long in, long out, long part,
+                        long parts);
+void gemv_cols_bf16_part(const float *x, const uint16_t *w, float *partials, long m, long in, long out, long part,
+                         long parts);
+void gemv_rows_f32_avx512_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out,
+                               long part, long parts);
+void gemv_rows_bf16_avx512_part(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
+                                long out, long part, long parts, int dot);
+void gemv_cols_f32_avx512_part(const float *x, const float *w, float *partials, long m, long in, long out, long part,
+                               long parts);
+void gemv_cols_bf16_avx512_part(const float *x, const uint16_t *w, float *partials, long m, long in, long out,
+                                long part, long parts);
+
+/* The instruction set the parts run on here: ISA_AVX2, or ISA_AVX512 where the processor (and its operating system:
+ * the compiler's check includes the saved register state) has AVX-512F, or ISA_AVX512_BF16 with AVX512_BF16 too.
+ * Asked once; the answer is the same on every thread. */
+long gemv_isa(void) {
+    static long level = -1;
+    if (level < 0) {
+        __builtin_cpu_init();
+        level = !__builtin_cpu_supports("avx512f")      ? ISA_AVX2
+                : !__builtin_cpu_supports("avx512bf16") ? ISA_AVX512
+                                                        : ISA_AVX512_BF16;
+    }
+    return level;
+}
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -59,8 +93,8 @@ static inline void span(long n, long part, long parts, long *lo, long *hi) {
  * output is still one dot product in one order, so the cut changes no result. The accumulators are named
  * registers (an array indexed by a run-time count would live in memory). */
 #define DEFINE_ROWS(NAME, WT, LOAD8, LOAD1)                                                                  \
-    void NAME##_part(const float *x, const WT *w, const float *b, float *y, long m, long in, long out,       \
-                     long part, long parts) {                                                                \
+    static void NAME##_avx2_part(const float *x, const WT *w, const float *b, float *y, long m, long in,     \
+                                 long out, long part, long parts) {                                          \
         long vec = in / 8 * 8, run = RUN_BYTES / ((long)sizeof(WT) * in), lo, hi;                            \
         span(out, part, parts, &lo, &hi);                                                                    \
         if (run < 1) run = 1;                                                                                \
@@ -110,8 +144,8 @@ long gemv_cols_chunks(long in) {
 }
 
 #define DEFINE_COLS(NAME, WT, LOAD8, LOAD1)                                                                  \
-    void NAME##_part(const float *x, const WT *w, float *partials, long m, long in, long out, long part,     \
-                     long parts) {                                                                           \
+    static void NAME##_avx2_part(const float *x, const WT *w, float *partials, long m, long in, long out,    \
+                                 long part, long parts) {                                                    \
         long chunks = gemv_cols_chunks(in), per = (in + chunks - 1) / chunks, vec = out / 8 * 8, lo, hi;     \
         span(chunks, part, parts, &lo, &hi);                                                                 \
         for (long c = lo; c < hi; c++) {                                                                     \
@@ -170,5 +204,48 @@ DEFINE_ROWS(gemv_rows_f32, float, load8_f32, load1_f32)
 DEFINE_ROWS(gemv_rows_bf16, uint16_t, load8_bf16, load1_bf16)
 DEFINE_COLS(gemv_cols_f32, float, load8_f32, load1_f32)
 DEFINE_COLS(gemv_cols_bf16, uint16_t, load8_bf16, load1_bf16)
+
+/* The parts as the drivers call them, on the instruction set `isa` (at most gemv_isa(): the tests ask for each level
+ * the processor has) or gemv_isa()'s. */
+static long usable(long isa) { return isa < gemv_isa() ? isa : gemv_isa(); }
+
+void gemv_rows_f32_part_at(const float *x, const float *w, const float *b, float *y, long m, long in, long out,
+                           long part, long parts, long isa) {
+    if (usable(isa) >= ISA_AVX512) gemv_rows_f32_avx512_part(x, w, b, y, m, in, out, part, parts);
+    else gemv_rows_f32_avx2_part(x, w, b, y, m, in, out, part, parts);
+}
+void gemv_rows_bf16_part_at(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out,
+                            long part, long parts, long isa) {
+    isa = usable(isa);
+    if (isa >= ISA_AVX512) gemv_rows_bf16_avx512_part(x, w, b, y, m, in, out, part, parts, isa == ISA_AVX512_BF16);
+    else gemv_rows_bf16_avx2_part(x, w, b, y, m, in, out, part, parts);
+}
+void gemv_cols_f32_part_at(const float *x, const float *w, float *partials, long m, long in, long out, long part,
+                           long parts, long isa) {
+    if (usable(isa) >= ISA_AVX512) gemv_cols_f32_avx512_part(x, w, partials, m, in, out, part, parts);
+    else gemv_cols_f32_avx2_part(x, w, partials, m, in, out, part, parts);
+}
+void gemv_cols_bf16_part_at(const float *x, const uint16_t *w, float *partials, long m, long in, long out, long part,
+                            long parts, long isa) {
+    if (usable(isa) >= ISA_AVX512) gemv_cols_bf16_avx512_part(x, w, partials, m, in, out, part, parts);
+    else gemv_cols_bf16_avx2_part(x, w, partials, m, in, out, part, parts);
+}
+
+void gemv_rows_f32_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out, long part,
+                        long parts) {
+    gemv_rows_f32_part_at(x, w, b, y, m, in, out, part, parts, gemv_isa());
+}
+void gemv_rows_bf16_part(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out,
+                         long part, long parts) {
+    gemv_rows_bf16_part_at(x, w, b, y, m, in, out, part, parts, gemv_isa());
+}
+void gemv_cols_f32_part(const float *x, const float *w, float *partials, long m, long in, long out, long part,
+                        long parts) {
+    gemv_cols_f32_part_at(x, w, partials, m, in, out, part, parts, gemv_isa());
+}
+void gemv_cols_bf16_part(const float *x, const uint16_t *w, float *partials, long m, long in, long out, long part,
+                         long parts) {
+    gemv_cols_bf16_part_at(x, w, partials, m, in, out, part, parts, gemv_isa());
+}
 
 long gemv_max_rows(void) { return MAX_ROWS; }

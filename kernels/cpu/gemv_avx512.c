@@ -1,0 +1,206 @@
+/* gemv.c's few-row products in 512-bit vectors, for the processors that have AVX-512F (and AVX512_BF16): the same
+ * parts, the same cut and the same contract (x, b and y float32, W float32 or bfloat16 widened exactly, float32
+ * sums), called by gemv.c's dispatch (gemv_isa) where the processor has the instructions. A decode step streams its
+ * weights once: half as many instructions per cache line of W keep more of the line fills in flight, and these read
+ * a chain of decode-sized weights faster than the 256-bit loops (benchmarks/cpu_decode.py prints the kernel's read
+ * bandwidth; docs/benchmarks.md has the figures). Compiled in every build of gemv.c (the target attributes let an
+ * AVX2 compile hold them); only called where gemv_isa() says the processor runs them.
+ *
+ * What changes against the 256-bit loops, and what does not:
+ *   cols  the same additions in the same order for every output (acc + w0 x0 + w1 x1 + w2 x2 + w3 x3 per column,
+ *         16 columns at a time, then 8, then the scalar tail, as gemv.c): results are bit for bit gemv.c's.
+ *   rows  each dot product in 16 lanes instead of 8, so its sum is reordered (within the float32 bound). bfloat16:
+ *         a line of 32 weights is split into its odd and its even elements (the high half of each 32-bit word is
+ *         the odd bf16, a mask away from a float32; the even one is a shift away), and each lane adds the odd
+ *         product first, then the even one -- VDPBF16PS's order, so where x holds bfloat16 values (a bf16 model's
+ *         activations, widened) and the processor has AVX512_BF16, that one instruction does the two multiply-adds
+ *         with the same result (a bf16 product is exact in float32; the instruction rounds after each addition, as
+ *         a fused multiply-add does). It also treats subnormal inputs and sums (below 2**-126) as zero: the only
+ *         place the two loops can differ.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+#define AVX512 __attribute__((target("avx512f")))
+#define AVX512_BF16 __attribute__((target("avx512f,avx512bf16")))
+
+enum { ROW_TILE = 4, RUN_BYTES = 256 << 10 }; /* gemv.c's */
+
+long gemv_cols_chunks(long in);
+
+static inline void span(long n, long part, long parts, long *lo, long *hi) {
+    *lo = n * part / parts;
+    *hi = n * (part + 1) / parts;
+}
+
+static inline float load1_f32(const float *w) { return *w; }
+static inline float load1_bf16(const uint16_t *w) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)*w << 16};
+    return v.f;
+}
+
+/* 16 weights as float32 */
+static inline AVX512 __m512 load16_f32(const float *w) { return _mm512_loadu_ps(w); }
+static inline AVX512 __m512 load16_bf16(const uint16_t *w) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)w));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+/* 8 weights as float32, gemv.c's 256-bit load (the cols layout's columns past the last 16) */
+static inline AVX512 __m256 load8_f32(const float *w) { return _mm256_loadu_ps(w); }
+static inline AVX512 __m256 load8_bf16(const uint16_t *w) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+/* The rows layout's run of ROW_TILE streams (gemv.c's DEFINE_ROWS says why): output row o[t] of each run, -1 past
+ * the block's end (its stream repeats run 0's row and its sum is dropped). */
+#define ROW_RUNS(WT, ...)                                                                                   \
+    long run = RUN_BYTES / ((long)sizeof(WT) * in), lo, hi;                                                 \
+    span(out, part, parts, &lo, &hi);                                                                       \
+    if (run < 1) run = 1;                                                                                   \
+    for (long b0 = lo; b0 < hi; b0 += ROW_TILE * run) {                                                     \
+        long n = hi - b0 < ROW_TILE * run ? hi - b0 : ROW_TILE * run, q = (n + ROW_TILE - 1) / ROW_TILE;    \
+        for (long j = 0; j < q; j++) {                                                                      \
+            long o[ROW_TILE];                                                                               \
+            const WT *rows[ROW_TILE];                                                                       \
+            for (long t = 0; t < ROW_TILE; t++) {                                                           \
+                o[t] = t * q + j < n ? b0 + t * q + j : -1;                                                 \
+                rows[t] = w + (o[t] < 0 ? b0 + j : o[t]) * in;                                              \
+            }                                                                                               \
+            const WT *w0 = rows[0], *w1 = rows[1], *w2 = rows[2], *w3 = rows[3];                            \
+            for (long r = 0; r < m; r++) {                                                                  \
+                const float *xr = x + r * in;                                                               \
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                 \
+                __VA_ARGS__                                                                                 \
+                float s[ROW_TILE] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1),                    \
+                                     _mm512_reduce_add_ps(a2), _mm512_reduce_add_ps(a3)};                   \
+                for (long t = 0; t < ROW_TILE; t++) {                                                       \
+                    if (o[t] < 0) continue;                                                                 \
+                    for (long k = vec; k < in; k++) s[t] += load1_##WT(rows[t] + k) * xr[k];                \
+                    y[r * out + o[t]] = b ? s[t] + b[o[t]] : s[t];                                          \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+
+#define load1_float load1_f32
+#define load1_uint16_t load1_bf16
+
+AVX512 void gemv_rows_f32_avx512_part(const float *x, const float *w, const float *b, float *y, long m, long in,
+                                      long out, long part, long parts) {
+    const long vec = in / 16 * 16;
+    ROW_RUNS(float, for (long i = 0; i < vec; i += 16) {
+        const __m512 xv = _mm512_loadu_ps(xr + i);
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), xv, a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), xv, a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), xv, a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i), xv, a3);
+    })
+}
+
+/* the odd and the even bf16 of 32 as float32, lane l holding elements 2l + 1 and 2l */
+#define ODD(v) _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)))
+#define EVEN(v) _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+#define ODD_EVEN(a, wr, xo, xe)                                     \
+    {                                                               \
+        const __m512i v = _mm512_loadu_si512(wr + i);               \
+        a = _mm512_fmadd_ps(EVEN(v), xe, _mm512_fmadd_ps(ODD(v), xo, a)); \
+    }
+
+/* x [m, in] deinterleaved into its odd and even elements 32 at a time: lane l of a block's odd vector is
+ * x[i + 2l + 1]. Widened bf16 or any float32 alike. */
+static inline AVX512 void odd_even(const float *x, __m512 *odd, __m512 *even) {
+    const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+    const __m512i odd_idx = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    const __m512i even_idx = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    *odd = _mm512_permutex2var_ps(lo, odd_idx, hi);
+    *even = _mm512_permutex2var_ps(lo, even_idx, hi);
+}
+
+static AVX512 void rows_bf16_fma(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
+                                 long out, long part, long parts) {
+    const long vec = in / 32 * 32;
+    ROW_RUNS(uint16_t, for (long i = 0; i < vec; i += 32) {
+        __m512 xo, xe;
+        odd_even(xr + i, &xo, &xe);
+        ODD_EVEN(a0, w0, xo, xe) ODD_EVEN(a1, w1, xo, xe) ODD_EVEN(a2, w2, xo, xe) ODD_EVEN(a3, w3, xo, xe)
+    })
+}
+
+static AVX512_BF16 void rows_bf16_dot(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
+                                      long out, long part, long parts) {
+    const long vec = in / 32 * 32;
+    ROW_RUNS(uint16_t, for (long i = 0; i < vec; i += 32) {
+        /* exact: x holds bf16 values (checked by the caller) */
+        const __m512bh xv = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xr + i + 16), _mm512_loadu_ps(xr + i));
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w0 + i), xv);
+        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w1 + i), xv);
+        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w2 + i), xv);
+        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w3 + i), xv);
+    })
+}
+
+/* Whether every x is a bfloat16 value that VDPBF16PS takes as it is: the low 16 bits zero, and not subnormal. */
+static AVX512 int bf16_values(const float *x, long n) {
+    const uint32_t *u = (const uint32_t *)x;
+    for (long i = 0; i < n; i++) {
+        const uint32_t exponent = u[i] & 0x7F800000u;
+        if ((u[i] & 0xFFFFu) || (exponent == 0 && (u[i] & 0x7FFFFFFFu))) return 0;
+    }
+    return 1;
+}
+
+/* dot: whether the processor has AVX512_BF16 (gemv_isa() == 2) */
+AVX512 void gemv_rows_bf16_avx512_part(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
+                                       long out, long part, long parts, int dot) {
+    if (dot && in >= 32 && bf16_values(x, m * in))
+        rows_bf16_dot(x, w, b, y, m, in, out, part, parts);
+    else
+        rows_bf16_fma(x, w, b, y, m, in, out, part, parts);
+}
+
+/* The cols layout: gemv.c's DEFINE_COLS with its vector loop 16 columns wide, then 8, then the scalar tail. */
+#define DEFINE_COLS512(NAME, WT, LOAD16, LOAD8, LOAD1)                                                       \
+    AVX512 void NAME(const float *x, const WT *w, float *partials, long m, long in, long out, long part,     \
+                     long parts) {                                                                           \
+        long chunks = gemv_cols_chunks(in), per = (in + chunks - 1) / chunks, lo, hi;                        \
+        const long vec16 = out / 16 * 16, vec8 = out / 8 * 8;                                                \
+        span(chunks, part, parts, &lo, &hi);                                                                 \
+        for (long c = lo; c < hi; c++) {                                                                     \
+            long i0 = c * per < in ? c * per : in, i1 = i0 + per < in ? i0 + per : in;                       \
+            long q = (i1 - i0) / ROW_TILE;                                                                   \
+            for (long r = 0; r < m; r++) {                                                                   \
+                float *acc = partials + (c * m + r) * out;                                                   \
+                const float *xr = x + r * in;                                                                \
+                for (long j = 0; j < out; j++) acc[j] = 0.0f;                                                \
+                for (long i = i0; i < i0 + q; i++) {                                                         \
+                    long k1 = i + q, k2 = i + 2 * q, k3 = i + 3 * q;                                         \
+                    const WT *w0 = w + i * out, *w1 = w + k1 * out, *w2 = w + k2 * out, *w3 = w + k3 * out;  \
+                    __m512 x0 = _mm512_set1_ps(xr[i]), x1 = _mm512_set1_ps(xr[k1]);                          \
+                    __m512 x2 = _mm512_set1_ps(xr[k2]), x3 = _mm512_set1_ps(xr[k3]);                         \
+                    long j = 0;                                                                              \
+                    for (; j < vec16; j += 16) {                                                             \
+                        __m512 a = _mm512_fmadd_ps(LOAD16(w0 + j), x0, _mm512_loadu_ps(acc + j));            \
+                        a = _mm512_fmadd_ps(LOAD16(w1 + j), x1, a);                                          \
+                        a = _mm512_fmadd_ps(LOAD16(w2 + j), x2, a);                                          \
+                        _mm512_storeu_ps(acc + j, _mm512_fmadd_ps(LOAD16(w3 + j), x3, a));                   \
+                    }                                                                                        \
+                    for (; j < vec8; j += 8) {                                                               \
+                        __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), _mm512_castps512_ps256(x0),                \
+                                                   _mm256_loadu_ps(acc + j));                                \
+                        a = _mm256_fmadd_ps(LOAD8(w1 + j), _mm512_castps512_ps256(x1), a);                   \
+                        a = _mm256_fmadd_ps(LOAD8(w2 + j), _mm512_castps512_ps256(x2), a);                   \
+                        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(LOAD8(w3 + j), _mm512_castps512_ps256(x3), a)); \
+                    }                                                                                        \
+                    for (; j < out; j++)                                                                     \
+                        acc[j] = (((acc[j] + LOAD1(w0 + j) * xr[i]) + LOAD1(w1 + j) * xr[k1]) +              \
+                                  LOAD1(w2 + j) * xr[k2]) + LOAD1(w3 + j) * xr[k3];                          \
+                }                                                                                            \
+                for (long i = i0 + ROW_TILE * q; i < i1; i++)                                                \
+                    for (long j = 0; j < out; j++) acc[j] += LOAD1(w + i * out + j) * xr[i];                 \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+
+DEFINE_COLS512(gemv_cols_f32_avx512_part, float, load16_f32, load8_f32, load1_f32)
+DEFINE_COLS512(gemv_cols_bf16_avx512_part, uint16_t, load16_bf16, load8_bf16, load1_bf16)

@@ -1,0 +1,128 @@
+"""kernels/cpu: the few-row product's instruction-set levels (gemv.c's AVX2 loops, gemv_avx512.c's AVX-512F and
+AVX512_BF16 loops), each called directly at every level the processor has (`gemv_*_part_at`), against the float64
+reference and against each other: the cols layout bit for bit the same at every level, the rows layout's two bf16
+loops (fused multiply-adds, VDPBF16PS) bit for bit the same, and every level's result independent of the cut.
+
+On a processor without AVX-512 only level 0 runs here (the higher levels are skipped, naming the missing flag); CI's
+machines come up as either kind, and test_cpu_gemv.py holds the launchers to the reference at whatever level the
+processor picks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels.cpu import build
+from kernels.cpu.reference import gemv_reference
+from parity.tolerances import TOLERANCES
+
+MAX_REL = TOLERANCES["float32"].max_rel  # float32 sums in another order (test_cpu_gemv.py's bound)
+LEVELS = {0: "avx2", 1: "avx512f", 2: "avx512_bf16"}  # gemv.c's ISA_* levels and the /proc/cpuinfo flag each needs
+SHAPES = [(37, 53), (300, 1061), (1061, 300), (2048, 1031)]  # (in, out): tails past 32, 16 and 8 in every loop
+_P, _L = ctypes.c_void_p, ctypes.c_long
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = build.load("gemv")
+    if lib is None:
+        pytest.skip(f"kernel not built here: {build.unavailable('gemv')}")
+    lib.gemv_isa.restype = _L
+    for name in ("rows_f32", "rows_bf16"):
+        getattr(lib, f"gemv_{name}_part_at").argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _L, _L]
+    for name in ("cols_f32", "cols_bf16"):
+        getattr(lib, f"gemv_{name}_part_at").argtypes = [_P, _P, _P, _L, _L, _L, _L, _L, _L]
+    lib.gemv_cols_reduce_part.argtypes = [_P, _P, _P, _L, _L, _L, _L, _L]
+    lib.gemv_cols_chunks.argtypes, lib.gemv_cols_chunks.restype = [_L], _L
+    return lib
+
+
+def _level(lib, level: int) -> None:
+    if level > lib.gemv_isa():
+        pytest.skip(f"the processor lacks {LEVELS[level]}")
+
+
+def _ptr(a: np.ndarray | None):
+    return None if a is None else a.ctypes.data_as(_P)
+
+
+def product(lib, x: np.ndarray, w: np.ndarray, layout: str, level: int, parts: int = 1) -> np.ndarray:
+    """x [m, in] float32 @ w ([out, in] rows, [in, out] cols; float32 or bfloat16) at `level`, cut into `parts`."""
+    m, in_ = x.shape
+    out = w.shape[0] if layout == "rows" else w.shape[1]
+    kind = f"{layout}_{'bf16' if w.dtype == ml_dtypes.bfloat16 else 'f32'}"
+    fn = getattr(lib, f"gemv_{kind}_part_at")
+    y = np.zeros((m, out), np.float32)
+    if layout == "rows":
+        for part in range(parts):
+            fn(_ptr(x), _ptr(w), None, _ptr(y), m, in_, out, part, parts, level)
+        return y
+    partials = np.zeros((lib.gemv_cols_chunks(in_), m, out), np.float32)
+    for part in range(parts):
+        fn(_ptr(x), _ptr(w), _ptr(partials), m, in_, out, part, parts, level)
+    for part in range(parts):
+        lib.gemv_cols_reduce_part(_ptr(partials), None, _ptr(y), m, in_, out, part, parts)
+    return y
+
+
+def operands(m: int, in_: int, out: int, layout: str, bf16: bool, seed: int = 0):
+    gen = np.random.default_rng(seed)
+    x = gen.standard_normal((m, in_)).astype(np.float32)
+    w = gen.standard_normal((out, in_) if layout == "rows" else (in_, out)).astype(np.float32)
+    if bf16:  # a bf16 model's activations are bf16 values too: the rows kernel's VDPBF16PS path takes them
+        x, w = x.astype(ml_dtypes.bfloat16).astype(np.float32), w.astype(ml_dtypes.bfloat16)
+    return x, w
+
+
+def rel(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
+
+
+def test_the_level_is_the_processors(lib):
+    flags = build.cpu_flags()
+    want = 2 if {"avx512f", "avx512_bf16"} <= flags else 1 if "avx512f" in flags else 0
+    assert lib.gemv_isa() == want, (lib.gemv_isa(), sorted(f for f in flags if f.startswith("avx512")))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("layout", ["rows", "cols"])
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize(("in_", "out"), SHAPES)
+def test_each_level_matches_float64_and_its_cut(lib, level, layout, bf16, in_, out):
+    _level(lib, level)
+    x, w = operands(3, in_, out, layout, bf16)
+    got = product(lib, x, w, layout, level)
+    assert rel(got, gemv_reference(x, w, None, layout)) <= MAX_REL
+    assert np.array_equal(product(lib, x, w, layout, level, parts=3), got)  # no output's order depends on the cut
+
+
+@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_cols_are_the_avx2_loops_bit_for_bit(lib, level, bf16):
+    _level(lib, level)
+    for in_, out in SHAPES:
+        x, w = operands(2, in_, out, "cols", bf16)
+        assert np.array_equal(product(lib, x, w, "cols", level), product(lib, x, w, "cols", 0)), (in_, out)
+
+
+def test_rows_bf16_dot_instruction_is_the_fused_loop_bit_for_bit(lib):
+    """VDPBF16PS (level 2, x holding bf16 values) adds each lane's odd product, then its even one: the level-1 loop's
+    order, so the two agree bit for bit; an x that is not bf16 values takes the level-1 loop at level 2 too."""
+    _level(lib, 2)
+    for in_, out in SHAPES:
+        x, w = operands(4, in_, out, "rows", True)
+        assert np.array_equal(product(lib, x, w, "rows", 2), product(lib, x, w, "rows", 1)), (in_, out)
+        x[1, 5] = np.float32(1.0 + 2.0**-20)  # one float32 that is no bf16
+        assert np.array_equal(product(lib, x, w, "rows", 2), product(lib, x, w, "rows", 1)), (in_, out)
+        want = gemv_reference(x, w, None, "rows")
+        assert rel(product(lib, x, w, "rows", 2), want) <= MAX_REL  # the float32 x taken as it is, not rounded
+
+
+def test_a_level_above_the_processors_runs_the_processors(lib):
+    x, w = operands(2, 300, 1061, "rows", True)
+    top = lib.gemv_isa()
+    assert np.array_equal(product(lib, x, w, "rows", 7), product(lib, x, w, "rows", top))

@@ -1,6 +1,7 @@
-"""Compiling and loading the CPU kernels (kernels/cpu/gemv.c, kernels/cpu/decode_ops.c and decode_layer.c, which
-composes the two, and for JAX their XLA bindings gemv_ffi.cc and decode_ops_ffi.cc; for JAX only, and only on the
-processors `ISA` names, gemm.c with gemm_ffi.cc (AVX-512) and gemm_amx.c with gemm_amx_ffi.cc (AMX)).
+"""Compiling and loading the CPU kernels (kernels/cpu/gemv.c with its 512-bit loops gemv_avx512.c,
+kernels/cpu/decode_ops.c and decode_layer.c, which composes the two, and for JAX their XLA bindings gemv_ffi.cc and
+decode_ops_ffi.cc; for JAX only, and only on the processors `ISA` names, gemm.c with gemm_ffi.cc (AVX-512) and
+gemm_amx.c with gemm_amx_ffi.cc (AMX)).
 
 The kernels are C, compiled on the machine that runs them at first use, with its C compiler, into the project's
 cache directory (spec.default_cache_dir(): $XDG_CACHE_HOME/decoder-parity), under a name that hashes the sources
@@ -40,7 +41,8 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
     "gemv_xla": ("gemv.c", "gemv_avx512.c", "gemv_ffi.cc", "xla_pool.h"),
     "decode_ops": ("decode_ops.c", "bf16.h"),
     "decode_ops_xla": ("decode_ops.c", "decode_ops_ffi.cc", "xla_pool.h", "bf16.h"),
-    "decode_layer": ("gemv.c", "gemv_avx512.c", "decode_ops.c", "decode_layer.c", "decode_layer.h", "bf16.h"),  # a layer from both
+    # a layer from both
+    "decode_layer": ("gemv.c", "gemv_avx512.c", "decode_ops.c", "decode_layer.c", "decode_layer.h", "bf16.h"),
     "decode_layer_xla": (
         "gemv.c",
         "gemv_avx512.c",

@@ -156,6 +156,21 @@ def test_flop_counter_sees_every_path(path, monkeypatch):
         assert counter.get_total_flops() == 2 * 3 * 53 * 37
 
 
+def test_the_first_product_counts_only_its_own_flops():
+    """The oneDNN probe runs at a process's first product, maybe inside the caller's FlopCounterMode: it must not
+    add FLOPs of its own there (it once added its F.linear's 48, so the count depended on the tests run before)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _onednn_available.cache_clear()
+    try:
+        x, w = torch.randn(3, 37), torch.randn(53, 37)
+        with FlopCounterMode(display=False) as counter:
+            linear(x, w, path="f_linear")
+        assert counter.get_total_flops() == 2 * 3 * 53 * 37
+    finally:
+        _onednn_available.cache_clear()
+
+
 def test_without_onednn_or_the_kernel_falls_back_to_f_linear(monkeypatch, fresh_choices):
     _onednn_available.cache_clear()
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils import flop_counter
+from torch.utils._python_dispatch import _disable_current_modes
 
 from kernels.cpu import torch_gemv
 from spec.path_choice import PathChoice
@@ -72,14 +73,15 @@ def _onednn_available(dtype: torch.dtype) -> bool:
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     op = torch.ops.mkldnn._linear_pointwise
-    x = torch.arange(6, dtype=dtype).view(2, 3)  # small integers: every path is exact, bfloat16 included
-    w, b = torch.arange(12, dtype=dtype).view(4, 3), torch.arange(4, dtype=dtype)
-    want = x.float().numpy() @ w.float().numpy().T + b.float().numpy()  # numpy: no FLOPs in a caller's counter
-    try:
-        with torch.inference_mode():
-            ok = bool((op(x, w, b, "none", [], "").float().numpy() == want).all())
-    except RuntimeError:
-        ok = False
+    # Outside the caller's dispatch modes: the first product may run inside a FlopCounterMode (or a fake-tensor mode),
+    # which must not see the probe.
+    with torch.inference_mode(), _disable_current_modes():
+        x = torch.arange(6, dtype=dtype).view(2, 3)  # small integers: every path is exact, bfloat16 included
+        w, b = torch.arange(12, dtype=dtype).view(4, 3), torch.arange(4, dtype=dtype)
+        try:
+            ok = torch.equal(op(x, w, b, "none", [], ""), F.linear(x, w, b))
+        except RuntimeError:
+            ok = False
     if ok and op not in flop_counter.flop_registry:  # keyed by the overload packet
         flop_counter.register_flop_formula(op)(_linear_flops)
     return ok

@@ -158,9 +158,11 @@ def test_flop_counter_sees_every_path(path, monkeypatch):
 
 def test_the_first_product_counts_only_its_own_flops():
     """The oneDNN probe runs at a process's first product, maybe inside the caller's FlopCounterMode: it must not
-    add FLOPs of its own there (it once added its F.linear's 48, so the count depended on the tests run before)."""
+    add FLOPs of its own there (it once added its F.linear's 48, so the count depended on the tests run before), nor
+    its oneDNN op's once that op's FLOP formula is registered (by an earlier probe of this process: made sure here)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    _onednn_available(torch.float32)
     _onednn_available.cache_clear()
     try:
         x, w = torch.randn(3, 37), torch.randn(53, 37)

@@ -53,16 +53,21 @@ def attend(
 
     Returns [B, T, n_kv, g, d]. Scores, softmax and the weighted sum run in float32; masked scores get the
     float32 minimum rather than -inf so that a fully masked (padding) row stays finite instead of NaN.
-    `softcap` (Gemma 2): scores -> cap * tanh(scores / cap) after the scale, before the mask.
+    `softcap` (Gemma 2): scores -> cap * tanh(scores / cap) after the scale, before the mask. A kv head's g query
+    heads are one block of g * T rows, so each product is one matrix product per kv head (the same dot products
+    as g * T separate ones, in less time).
     """
     if torch_decode_ops.takes_attention(q, k, v):  # a decode step's few rows: this math in one C call per batch row
         return torch_decode_ops.attend(q, k, v, mask, scale, softcap)
-    scores = torch.einsum("btkgd,bksd->bkgts", q.float(), k.float()) * scale  # [B, n_kv, g, T, S]
+    b, t, n_kv, g, d = q.shape
+    rows = q.float().permute(0, 2, 3, 1, 4).reshape(b, n_kv, g * t, d)  # [B, n_kv, g*T, d]
+    scores = (rows @ k.float().transpose(-1, -2)).view(b, n_kv, g, t, -1) * scale  # [B, n_kv, g, T, S]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask[:, None, None], torch.finfo(torch.float32).min)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("bkgts,bkds->btkgd", probs, v.float()).to(q.dtype)  # [B, T, n_kv, g, d]
+    probs = torch.softmax(scores, dim=-1).view(b, n_kv, g * t, -1)  # [B, n_kv, g*T, S]
+    out = probs @ v.float().transpose(-1, -2)  # [B, n_kv, g*T, d]
+    return out.view(b, n_kv, g, t, d).permute(0, 3, 1, 2, 4).to(q.dtype)  # [B, T, n_kv, g, d]
 
 
 class Attention(nn.Module):

@@ -17,8 +17,9 @@
  *
  * AVX2 + FMA; build.py compiles this only where the processor has both. Any shape: tails are scalar. Where the
  * processor has AVX-512F (and AVX512_BF16), each part runs gemv_avx512.c's 512-bit loops instead (gemv_isa, a rule
- * of the instruction set, not a measurement: the same loops with half the instructions per cache line of W, which no
- * processor reads slower); that file says what they keep bit for bit and what they reorder.
+ * of the instruction set, not a measurement: the same loops, half the instructions per cache line of W, each stream
+ * prefetched ahead; measured on an Intel Xeon only, docs/benchmarks.md); that file says what they keep bit for bit
+ * and what they reorder.
  */
 #include <immintrin.h>
 #include <omp.h>

@@ -1,10 +1,10 @@
 /* gemv.c's few-row products in 512-bit vectors, for the processors that have AVX-512F (and AVX512_BF16): the same
  * parts, the same cut and the same contract (x, b and y float32, W float32 or bfloat16 widened exactly, float32
  * sums), called by gemv.c's dispatch (gemv_isa) where the processor has the instructions. A decode step streams its
- * weights once: half as many instructions per cache line of W keep more of the line fills in flight, and these read
- * a chain of decode-sized weights faster than the 256-bit loops (benchmarks/cpu_decode.py prints the kernel's read
- * bandwidth; docs/benchmarks.md has the figures). Compiled in every build of gemv.c (the target attributes let an
- * AVX2 compile hold them); only called where gemv_isa() says the processor runs them.
+ * weights once, from memory: with half as many instructions per cache line of W, and each stream's line fetched
+ * AHEAD bytes before it is read, these read a chain of decode-sized weights faster than the 256-bit loops, most of
+ * all in bfloat16 (docs/benchmarks.md has the figures). Compiled in every build of gemv.c (the target attributes let
+ * an AVX2 compile hold them); only called where gemv_isa() says the processor runs them.
  *
  * What changes against the 256-bit loops, and what does not:
  *   cols  the same additions in the same order for every output (acc + w0 x0 + w1 x1 + w2 x2 + w3 x3 per column,

@@ -37,15 +37,26 @@ C_FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC", "
 CXX_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-std=c++17")
 REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what gemv.c is compiled for
 SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they include, all hashed into its name
-    "gemv": ("gemv.c", "gemv_avx512.c"),
-    "gemv_xla": ("gemv.c", "gemv_avx512.c", "gemv_ffi.cc", "xla_pool.h"),
+    "gemv": ("gemv.c", "gemv_avx512.c", "gemv.h", "gemv_loops.h"),
+    "gemv_xla": ("gemv.c", "gemv_avx512.c", "gemv_ffi.cc", "gemv.h", "gemv_loops.h", "xla_pool.h"),
     "decode_ops": ("decode_ops.c", "bf16.h"),
     "decode_ops_xla": ("decode_ops.c", "decode_ops_ffi.cc", "xla_pool.h", "bf16.h"),
     # a layer from both
-    "decode_layer": ("gemv.c", "gemv_avx512.c", "decode_ops.c", "decode_layer.c", "decode_layer.h", "bf16.h"),
+    "decode_layer": (
+        "gemv.c",
+        "gemv_avx512.c",
+        "decode_ops.c",
+        "decode_layer.c",
+        "gemv.h",
+        "gemv_loops.h",
+        "decode_layer.h",
+        "bf16.h",
+    ),
     "decode_layer_xla": (
         "gemv.c",
         "gemv_avx512.c",
+        "gemv.h",
+        "gemv_loops.h",
         "decode_ops.c",
         "decode_layer.c",
         "decode_layer_ffi.cc",

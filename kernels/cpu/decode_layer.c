@@ -30,12 +30,9 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "gemv.h"
 
 #define DECLARE(T, S)                                                                                                  \
-    void gemv_rows_##S##_part(const float *x, const T *w, const float *b, float *y, long m, long in, long out,         \
-                              long part, long parts);                                                                  \
-    void gemv_cols_##S##_part(const float *x, const T *w, float *partials, long m, long in, long out, long part,       \
-                              long parts);                                                                             \
     void add_rms_norm_##S(const T *x, const T *residual, const T *w, T *out, T *s_out, long rows, long dim, float eps, \
                           float offset, int float32_weight);                                                           \
     void rotary_##S(const T *x, const float *cos, const float *sin, T *out, long rows, long heads, long d, long r);    \
@@ -48,9 +45,6 @@
     void silu_and_mul_##S(const T *x, T *out, long rows, long inter);
 DECLARE(float, f32)
 DECLARE(uint16_t, bf16)
-void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long m, long in, long out, long part,
-                           long parts);
-long gemv_cols_chunks(long in);
 
 static inline float widen_f32(float v) { return v; }
 static inline float widen_bf16(uint16_t h) { return bf16_to_f32(h); }

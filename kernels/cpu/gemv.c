@@ -26,38 +26,18 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-enum { ROW_TILE = 4, MAX_ROWS = 8, RUN_BYTES = 256 << 10 };
-enum { ISA_AVX2 = 0, ISA_AVX512 = 1, ISA_AVX512_BF16 = 2 }; /* gemv_isa's levels */
+#include "gemv_loops.h"
 
-void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long m, long in, long out, long part,
-                           long parts);
-void gemv_rows_f32_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out, long part,
-                        long parts);
-void gemv_rows_bf16_part(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out,
-                         long part, long parts);
-void gemv_cols_f32_part(const float *x, const float *w, float *partials, long m, long in, long out, long part,
-                        long parts);
-void gemv_cols_bf16_part(const float *x, const uint16_t *w, float *partials, long m, long in, long out, long part,
-                         long parts);
-void gemv_rows_f32_avx512_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out,
-                               long part, long parts);
-void gemv_rows_bf16_avx512_part(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
-                                long out, long part, long parts, int dot);
-void gemv_cols_f32_avx512_part(const float *x, const float *w, float *partials, long m, long in, long out, long part,
-                               long parts);
-void gemv_cols_bf16_avx512_part(const float *x, const uint16_t *w, float *partials, long m, long in, long out,
-                                long part, long parts);
-
-/* The instruction set the parts run on here: ISA_AVX2, or ISA_AVX512 where the processor (and its operating system:
- * the compiler's check includes the saved register state) has AVX-512F, or ISA_AVX512_BF16 with AVX512_BF16 too.
- * Asked once; the answer is the same on every thread. */
+/* The instruction set the parts run on here: GEMV_ISA_AVX2, or GEMV_ISA_AVX512 where the processor (and its operating
+ * system: the compiler's check includes the saved register state) has AVX-512F, or GEMV_ISA_AVX512_BF16 with
+ * AVX512_BF16 too. Asked once; the answer is the same on every thread. */
 long gemv_isa(void) {
     static long level = -1;
     if (level < 0) {
         __builtin_cpu_init();
-        level = !__builtin_cpu_supports("avx512f")      ? ISA_AVX2
-                : !__builtin_cpu_supports("avx512bf16") ? ISA_AVX512
-                                                        : ISA_AVX512_BF16;
+        level = !__builtin_cpu_supports("avx512f")      ? GEMV_ISA_AVX2
+                : !__builtin_cpu_supports("avx512bf16") ? GEMV_ISA_AVX512
+                                                        : GEMV_ISA_AVX512_BF16;
     }
     return level;
 }
@@ -75,17 +55,6 @@ static inline __m256 load8_bf16(const uint16_t *w) {
     __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
-static inline float load1_f32(const float *w) { return *w; }
-static inline float load1_bf16(const uint16_t *w) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)*w << 16};
-    return v.f;
-}
-
-/* part `part` of `parts` of n items: [lo, hi) */
-static inline void span(long n, long part, long parts, long *lo, long *hi) {
-    *lo = n * part / parts;
-    *hi = n * (part + 1) / parts;
-}
 
 /* rows layout: a part's output rows are cut into blocks of up to ROW_TILE runs of q consecutive rows (~RUN_BYTES of
  * weights per run), and the kernel dots one row of each run at a time, so it reads ROW_TILE long contiguous streams.
@@ -96,38 +65,14 @@ static inline void span(long n, long part, long parts, long *lo, long *hi) {
 #define DEFINE_ROWS(NAME, WT, LOAD8, LOAD1)                                                                  \
     static void NAME##_avx2_part(const float *x, const WT *w, const float *b, float *y, long m, long in,     \
                                  long out, long part, long parts) {                                          \
-        long vec = in / 8 * 8, run = RUN_BYTES / ((long)sizeof(WT) * in), lo, hi;                            \
-        span(out, part, parts, &lo, &hi);                                                                    \
-        if (run < 1) run = 1;                                                                                \
-        for (long b0 = lo; b0 < hi; b0 += ROW_TILE * run) {                                                  \
-            long n = hi - b0 < ROW_TILE * run ? hi - b0 : ROW_TILE * run, q = (n + ROW_TILE - 1) / ROW_TILE; \
-            for (long j = 0; j < q; j++) {                                                                   \
-                long o[ROW_TILE]; /* this step's output row in each run; -1 past the block's end */          \
-                const WT *rows[ROW_TILE];                                                                    \
-                for (long t = 0; t < ROW_TILE; t++) {                                                        \
-                    o[t] = t * q + j < n ? b0 + t * q + j : -1;                                              \
-                    rows[t] = w + (o[t] < 0 ? b0 + j : o[t]) * in; /* a missing row repeats run 0's */       \
-                }                                                                                            \
-                const WT *w0 = rows[0], *w1 = rows[1], *w2 = rows[2], *w3 = rows[3];                         \
-                for (long r = 0; r < m; r++) { /* the rows stay in L1 across x's rows */                     \
-                    const float *xr = x + r * in;                                                            \
-                    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                              \
-                    for (long i = 0; i < vec; i += 8) {                                                      \
-                        __m256 xv = _mm256_loadu_ps(xr + i);                                                 \
-                        a0 = _mm256_fmadd_ps(LOAD8(w0 + i), xv, a0);                                         \
-                        a1 = _mm256_fmadd_ps(LOAD8(w1 + i), xv, a1);                                         \
-                        a2 = _mm256_fmadd_ps(LOAD8(w2 + i), xv, a2);                                         \
-                        a3 = _mm256_fmadd_ps(LOAD8(w3 + i), xv, a3);                                         \
-                    }                                                                                        \
-                    float s[ROW_TILE] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};                            \
-                    for (long t = 0; t < ROW_TILE; t++) {                                                    \
-                        if (o[t] < 0) continue;                                                              \
-                        for (long k = vec; k < in; k++) s[t] += LOAD1(rows[t] + k) * xr[k];                  \
-                        y[r * out + o[t]] = b ? s[t] + b[o[t]] : s[t];                                       \
-                    }                                                                                        \
-                }                                                                                            \
-            }                                                                                                \
-        }                                                                                                    \
+        const long vec = in / 8 * 8;                                                                         \
+        GEMV_ROW_RUNS(WT, LOAD1, __m256, _mm256_setzero_ps(), hsum, for (long i = 0; i < vec; i += 8) {      \
+            __m256 xv = _mm256_loadu_ps(xr + i);                                                             \
+            a0 = _mm256_fmadd_ps(LOAD8(w0 + i), xv, a0);                                                     \
+            a1 = _mm256_fmadd_ps(LOAD8(w1 + i), xv, a1);                                                     \
+            a2 = _mm256_fmadd_ps(LOAD8(w2 + i), xv, a2);                                                     \
+            a3 = _mm256_fmadd_ps(LOAD8(w3 + i), xv, a3);                                                     \
+        })                                                                                                   \
     }                                                                                                        \
     void NAME(const float *x, const WT *w, const float *b, float *y, long m, long in, long out) {            \
         _Pragma("omp parallel") NAME##_part(x, w, b, y, m, in, out, omp_get_thread_num(), omp_get_num_threads()); \
@@ -147,35 +92,17 @@ long gemv_cols_chunks(long in) {
 #define DEFINE_COLS(NAME, WT, LOAD8, LOAD1)                                                                  \
     static void NAME##_avx2_part(const float *x, const WT *w, float *partials, long m, long in, long out,    \
                                  long part, long parts) {                                                    \
-        long chunks = gemv_cols_chunks(in), per = (in + chunks - 1) / chunks, vec = out / 8 * 8, lo, hi;     \
-        span(chunks, part, parts, &lo, &hi);                                                                 \
-        for (long c = lo; c < hi; c++) {                                                                     \
-            long i0 = c * per < in ? c * per : in, i1 = i0 + per < in ? i0 + per : in;                       \
-            long q = (i1 - i0) / ROW_TILE; /* rows per run */                                                \
-            for (long r = 0; r < m; r++) {                                                                   \
-                float *acc = partials + (c * m + r) * out;                                                   \
-                const float *xr = x + r * in;                                                                \
-                for (long j = 0; j < out; j++) acc[j] = 0.0f;                                                \
-                for (long i = i0; i < i0 + q; i++) { /* rows i, i + q, i + 2q, i + 3q */                     \
-                    long k1 = i + q, k2 = i + 2 * q, k3 = i + 3 * q;                                         \
-                    const WT *w0 = w + i * out, *w1 = w + k1 * out, *w2 = w + k2 * out, *w3 = w + k3 * out;  \
-                    __m256 x0 = _mm256_set1_ps(xr[i]), x1 = _mm256_set1_ps(xr[k1]);                          \
-                    __m256 x2 = _mm256_set1_ps(xr[k2]), x3 = _mm256_set1_ps(xr[k3]);                         \
-                    long j = 0;                                                                              \
-                    for (; j < vec; j += 8) {                                                                \
-                        __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), x0, _mm256_loadu_ps(acc + j));             \
-                        a = _mm256_fmadd_ps(LOAD8(w1 + j), x1, a);                                           \
-                        a = _mm256_fmadd_ps(LOAD8(w2 + j), x2, a);                                           \
-                        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(LOAD8(w3 + j), x3, a));                    \
-                    }                                                                                        \
-                    for (; j < out; j++)                                                                     \
-                        acc[j] = (((acc[j] + LOAD1(w0 + j) * xr[i]) + LOAD1(w1 + j) * xr[k1]) +              \
-                                  LOAD1(w2 + j) * xr[k2]) + LOAD1(w3 + j) * xr[k3];                          \
-                }                                                                                            \
-                for (long i = i0 + ROW_TILE * q; i < i1; i++)                                                \
-                    for (long j = 0; j < out; j++) acc[j] += LOAD1(w + i * out + j) * xr[i];                 \
+        const long vec = out / 8 * 8;                                                                        \
+        GEMV_COLS_CHUNKS(WT, LOAD1, {                                                                        \
+            __m256 x0 = _mm256_set1_ps(xr[i]), x1 = _mm256_set1_ps(xr[k1]);                                  \
+            __m256 x2 = _mm256_set1_ps(xr[k2]), x3 = _mm256_set1_ps(xr[k3]);                                 \
+            for (; j < vec; j += 8) {                                                                        \
+                __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), x0, _mm256_loadu_ps(acc + j));                     \
+                a = _mm256_fmadd_ps(LOAD8(w1 + j), x1, a);                                                   \
+                a = _mm256_fmadd_ps(LOAD8(w2 + j), x2, a);                                                   \
+                _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(LOAD8(w3 + j), x3, a));                            \
             }                                                                                                \
-        }                                                                                                    \
+        })                                                                                                   \
     }                                                                                                        \
     void NAME(const float *x, const WT *w, const float *b, float *y, long m, long in, long out) {            \
         float *partials = malloc(sizeof(float) * gemv_cols_chunks(in) * m * out);                            \
@@ -212,23 +139,24 @@ static long usable(long isa) { return isa < gemv_isa() ? isa : gemv_isa(); }
 
 void gemv_rows_f32_part_at(const float *x, const float *w, const float *b, float *y, long m, long in, long out,
                            long part, long parts, long isa) {
-    if (usable(isa) >= ISA_AVX512) gemv_rows_f32_avx512_part(x, w, b, y, m, in, out, part, parts);
+    if (usable(isa) >= GEMV_ISA_AVX512) gemv_rows_f32_avx512_part(x, w, b, y, m, in, out, part, parts);
     else gemv_rows_f32_avx2_part(x, w, b, y, m, in, out, part, parts);
 }
 void gemv_rows_bf16_part_at(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out,
                             long part, long parts, long isa) {
     isa = usable(isa);
-    if (isa >= ISA_AVX512) gemv_rows_bf16_avx512_part(x, w, b, y, m, in, out, part, parts, isa == ISA_AVX512_BF16);
+    if (isa >= GEMV_ISA_AVX512)
+        gemv_rows_bf16_avx512_part(x, w, b, y, m, in, out, part, parts, isa == GEMV_ISA_AVX512_BF16);
     else gemv_rows_bf16_avx2_part(x, w, b, y, m, in, out, part, parts);
 }
 void gemv_cols_f32_part_at(const float *x, const float *w, float *partials, long m, long in, long out, long part,
                            long parts, long isa) {
-    if (usable(isa) >= ISA_AVX512) gemv_cols_f32_avx512_part(x, w, partials, m, in, out, part, parts);
+    if (usable(isa) >= GEMV_ISA_AVX512) gemv_cols_f32_avx512_part(x, w, partials, m, in, out, part, parts);
     else gemv_cols_f32_avx2_part(x, w, partials, m, in, out, part, parts);
 }
 void gemv_cols_bf16_part_at(const float *x, const uint16_t *w, float *partials, long m, long in, long out, long part,
                             long parts, long isa) {
-    if (usable(isa) >= ISA_AVX512) gemv_cols_bf16_avx512_part(x, w, partials, m, in, out, part, parts);
+    if (usable(isa) >= GEMV_ISA_AVX512) gemv_cols_bf16_avx512_part(x, w, partials, m, in, out, part, parts);
     else gemv_cols_bf16_avx2_part(x, w, partials, m, in, out, part, parts);
 }
 

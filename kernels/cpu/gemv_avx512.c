@@ -21,29 +21,17 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "gemv_loops.h"
+
 #define AVX512 __attribute__((target("avx512f")))
 #define AVX512_BF16 __attribute__((target("avx512f,avx512bf16")))
 
-enum { ROW_TILE = 4, RUN_BYTES = 256 << 10 }; /* gemv.c's */
 /* How far ahead of each stream its line is fetched (bytes). The hardware prefetchers alone leave these loops short of
  * the bandwidth a float32 weight is read at when the weight is bf16 (half the bytes per instruction); a line asked
  * for 2 KB ahead in each of the four streams closes the gap (docs/benchmarks.md). A hint: past the end it fetches
  * nothing and faults nothing. */
 #define AHEAD 2048
 #define FETCH(p) _mm_prefetch((const char *)(p) + AHEAD, _MM_HINT_T0)
-
-long gemv_cols_chunks(long in);
-
-static inline void span(long n, long part, long parts, long *lo, long *hi) {
-    *lo = n * part / parts;
-    *hi = n * (part + 1) / parts;
-}
-
-static inline float load1_f32(const float *w) { return *w; }
-static inline float load1_bf16(const uint16_t *w) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)*w << 16};
-    return v.f;
-}
 
 /* 16 weights as float32 */
 static inline AVX512 __m512 load16_f32(const float *w) { return _mm512_loadu_ps(w); }
@@ -58,44 +46,12 @@ static inline AVX512 __m256 load8_bf16(const uint16_t *w) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
-/* The rows layout's run of ROW_TILE streams (gemv.c's DEFINE_ROWS says why): output row o[t] of each run, -1 past
- * the block's end (its stream repeats run 0's row and its sum is dropped). */
-#define ROW_RUNS(WT, ...)                                                                                   \
-    long run = RUN_BYTES / ((long)sizeof(WT) * in), lo, hi;                                                 \
-    span(out, part, parts, &lo, &hi);                                                                       \
-    if (run < 1) run = 1;                                                                                   \
-    for (long b0 = lo; b0 < hi; b0 += ROW_TILE * run) {                                                     \
-        long n = hi - b0 < ROW_TILE * run ? hi - b0 : ROW_TILE * run, q = (n + ROW_TILE - 1) / ROW_TILE;    \
-        for (long j = 0; j < q; j++) {                                                                      \
-            long o[ROW_TILE];                                                                               \
-            const WT *rows[ROW_TILE];                                                                       \
-            for (long t = 0; t < ROW_TILE; t++) {                                                           \
-                o[t] = t * q + j < n ? b0 + t * q + j : -1;                                                 \
-                rows[t] = w + (o[t] < 0 ? b0 + j : o[t]) * in;                                              \
-            }                                                                                               \
-            const WT *w0 = rows[0], *w1 = rows[1], *w2 = rows[2], *w3 = rows[3];                            \
-            for (long r = 0; r < m; r++) {                                                                  \
-                const float *xr = x + r * in;                                                               \
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                 \
-                __VA_ARGS__                                                                                 \
-                float s[ROW_TILE] = {_mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1),                    \
-                                     _mm512_reduce_add_ps(a2), _mm512_reduce_add_ps(a3)};                   \
-                for (long t = 0; t < ROW_TILE; t++) {                                                       \
-                    if (o[t] < 0) continue;                                                                 \
-                    for (long k = vec; k < in; k++) s[t] += load1_##WT(rows[t] + k) * xr[k];                \
-                    y[r * out + o[t]] = b ? s[t] + b[o[t]] : s[t];                                          \
-                }                                                                                           \
-            }                                                                                               \
-        }                                                                                                   \
-    }
-
-#define load1_float load1_f32
-#define load1_uint16_t load1_bf16
+#define REDUCE16 _mm512_reduce_add_ps
 
 AVX512 void gemv_rows_f32_avx512_part(const float *x, const float *w, const float *b, float *y, long m, long in,
                                       long out, long part, long parts) {
     const long vec = in / 16 * 16;
-    ROW_RUNS(float, for (long i = 0; i < vec; i += 16) {
+    GEMV_ROW_RUNS(float, load1_f32, __m512, _mm512_setzero_ps(), REDUCE16, for (long i = 0; i < vec; i += 16) {
         const __m512 xv = _mm512_loadu_ps(xr + i);
         FETCH(w0 + i), FETCH(w1 + i), FETCH(w2 + i), FETCH(w3 + i);
         a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), xv, a0);
@@ -127,7 +83,7 @@ static inline AVX512 void odd_even(const float *x, __m512 *odd, __m512 *even) {
 static AVX512 void rows_bf16_fma(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
                                  long out, long part, long parts) {
     const long vec = in / 32 * 32;
-    ROW_RUNS(uint16_t, for (long i = 0; i < vec; i += 32) {
+    GEMV_ROW_RUNS(uint16_t, load1_bf16, __m512, _mm512_setzero_ps(), REDUCE16, for (long i = 0; i < vec; i += 32) {
         __m512 xo, xe;
         odd_even(xr + i, &xo, &xe);
         FETCH(w0 + i), FETCH(w1 + i), FETCH(w2 + i), FETCH(w3 + i);
@@ -138,7 +94,7 @@ static AVX512 void rows_bf16_fma(const float *x, const uint16_t *w, const float 
 static AVX512_BF16 void rows_bf16_dot(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
                                       long out, long part, long parts) {
     const long vec = in / 32 * 32;
-    ROW_RUNS(uint16_t, for (long i = 0; i < vec; i += 32) {
+    GEMV_ROW_RUNS(uint16_t, load1_bf16, __m512, _mm512_setzero_ps(), REDUCE16, for (long i = 0; i < vec; i += 32) {
         /* exact: x holds bf16 values (checked by the caller) */
         const __m512bh xv = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xr + i + 16), _mm512_loadu_ps(xr + i));
         FETCH(w0 + i), FETCH(w1 + i), FETCH(w2 + i), FETCH(w3 + i);
@@ -168,48 +124,28 @@ AVX512 void gemv_rows_bf16_avx512_part(const float *x, const uint16_t *w, const 
         rows_bf16_fma(x, w, b, y, m, in, out, part, parts);
 }
 
-/* The cols layout: gemv.c's DEFINE_COLS with its vector loop 16 columns wide, then 8, then the scalar tail. */
+/* The cols layout: gemv.c's loop 16 columns wide, then 8 wide as gemv.c's, then the scalar tail. */
 #define DEFINE_COLS512(NAME, WT, LOAD16, LOAD8, LOAD1)                                                       \
     AVX512 void NAME(const float *x, const WT *w, float *partials, long m, long in, long out, long part,     \
                      long parts) {                                                                           \
-        long chunks = gemv_cols_chunks(in), per = (in + chunks - 1) / chunks, lo, hi;                        \
-        const long vec16 = out / 16 * 16, vec8 = out / 8 * 8;                                                \
-        span(chunks, part, parts, &lo, &hi);                                                                 \
-        for (long c = lo; c < hi; c++) {                                                                     \
-            long i0 = c * per < in ? c * per : in, i1 = i0 + per < in ? i0 + per : in;                       \
-            long q = (i1 - i0) / ROW_TILE;                                                                   \
-            for (long r = 0; r < m; r++) {                                                                   \
-                float *acc = partials + (c * m + r) * out;                                                   \
-                const float *xr = x + r * in;                                                                \
-                for (long j = 0; j < out; j++) acc[j] = 0.0f;                                                \
-                for (long i = i0; i < i0 + q; i++) {                                                         \
-                    long k1 = i + q, k2 = i + 2 * q, k3 = i + 3 * q;                                         \
-                    const WT *w0 = w + i * out, *w1 = w + k1 * out, *w2 = w + k2 * out, *w3 = w + k3 * out;  \
-                    __m512 x0 = _mm512_set1_ps(xr[i]), x1 = _mm512_set1_ps(xr[k1]);                          \
-                    __m512 x2 = _mm512_set1_ps(xr[k2]), x3 = _mm512_set1_ps(xr[k3]);                         \
-                    long j = 0;                                                                              \
-                    for (; j < vec16; j += 16) {                                                             \
-                        FETCH(w0 + j), FETCH(w1 + j), FETCH(w2 + j), FETCH(w3 + j);                          \
-                        __m512 a = _mm512_fmadd_ps(LOAD16(w0 + j), x0, _mm512_loadu_ps(acc + j));            \
-                        a = _mm512_fmadd_ps(LOAD16(w1 + j), x1, a);                                          \
-                        a = _mm512_fmadd_ps(LOAD16(w2 + j), x2, a);                                          \
-                        _mm512_storeu_ps(acc + j, _mm512_fmadd_ps(LOAD16(w3 + j), x3, a));                   \
-                    }                                                                                        \
-                    for (; j < vec8; j += 8) {                                                               \
-                        __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), _mm512_castps512_ps256(x0),                \
-                                                   _mm256_loadu_ps(acc + j));                                \
-                        a = _mm256_fmadd_ps(LOAD8(w1 + j), _mm512_castps512_ps256(x1), a);                   \
-                        a = _mm256_fmadd_ps(LOAD8(w2 + j), _mm512_castps512_ps256(x2), a);                   \
-                        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(LOAD8(w3 + j), _mm512_castps512_ps256(x3), a)); \
-                    }                                                                                        \
-                    for (; j < out; j++)                                                                     \
-                        acc[j] = (((acc[j] + LOAD1(w0 + j) * xr[i]) + LOAD1(w1 + j) * xr[k1]) +              \
-                                  LOAD1(w2 + j) * xr[k2]) + LOAD1(w3 + j) * xr[k3];                          \
-                }                                                                                            \
-                for (long i = i0 + ROW_TILE * q; i < i1; i++)                                                \
-                    for (long j = 0; j < out; j++) acc[j] += LOAD1(w + i * out + j) * xr[i];                 \
+        const long vec16 = out / 16 * 16, vec8 = out / 8 * 8;                                               \
+        GEMV_COLS_CHUNKS(WT, LOAD1, {                                                                        \
+            __m512 x0 = _mm512_set1_ps(xr[i]), x1 = _mm512_set1_ps(xr[k1]);                                  \
+            __m512 x2 = _mm512_set1_ps(xr[k2]), x3 = _mm512_set1_ps(xr[k3]);                                 \
+            for (; j < vec16; j += 16) {                                                                     \
+                FETCH(w0 + j), FETCH(w1 + j), FETCH(w2 + j), FETCH(w3 + j);                                  \
+                __m512 a = _mm512_fmadd_ps(LOAD16(w0 + j), x0, _mm512_loadu_ps(acc + j));                    \
+                a = _mm512_fmadd_ps(LOAD16(w1 + j), x1, a);                                                  \
+                a = _mm512_fmadd_ps(LOAD16(w2 + j), x2, a);                                                  \
+                _mm512_storeu_ps(acc + j, _mm512_fmadd_ps(LOAD16(w3 + j), x3, a));                           \
             }                                                                                                \
-        }                                                                                                    \
+            for (; j < vec8; j += 8) {                                                                       \
+                __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), _mm512_castps512_ps256(x0), _mm256_loadu_ps(acc + j)); \
+                a = _mm256_fmadd_ps(LOAD8(w1 + j), _mm512_castps512_ps256(x1), a);                           \
+                a = _mm256_fmadd_ps(LOAD8(w2 + j), _mm512_castps512_ps256(x2), a);                           \
+                _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(LOAD8(w3 + j), _mm512_castps512_ps256(x3), a));    \
+            }                                                                                                \
+        })                                                                                                   \
     }
 
 DEFINE_COLS512(gemv_cols_f32_avx512_part, float, load16_f32, load8_f32, load1_f32)

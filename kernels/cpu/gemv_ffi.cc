@@ -7,21 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "gemv.h"
 #include "xla_pool.h"
-
-extern "C" {
-void gemv_rows_f32_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out,
-                        long part, long parts);
-void gemv_rows_bf16_part(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out,
-                         long part, long parts);
-void gemv_cols_f32_part(const float *x, const float *w, float *partials, long m, long in, long out, long part,
-                        long parts);
-void gemv_cols_bf16_part(const float *x, const uint16_t *w, float *partials, long m, long in, long out, long part,
-                         long parts);
-void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long m, long in, long out, long part,
-                           long parts);
-long gemv_cols_chunks(long in);
-}
 
 template <ffi::DataType W, bool kRows>
 static ffi::Error Gemv(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> x, ffi::Buffer<W, 2> w,

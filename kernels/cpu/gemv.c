@@ -32,14 +32,16 @@
  * system: the compiler's check includes the saved register state) has AVX-512F, or GEMV_ISA_AVX512_BF16 with
  * AVX512_BF16 too. Asked once; the answer is the same on every thread. */
 long gemv_isa(void) {
-    static long level = -1;
-    if (level < 0) {
+    static long level = -1; /* atomic: the first parts of a product may ask from several threads at once */
+    long known = __atomic_load_n(&level, __ATOMIC_RELAXED);
+    if (known < 0) {
         __builtin_cpu_init();
-        level = !__builtin_cpu_supports("avx512f")      ? GEMV_ISA_AVX2
+        known = !__builtin_cpu_supports("avx512f")      ? GEMV_ISA_AVX2
                 : !__builtin_cpu_supports("avx512bf16") ? GEMV_ISA_AVX512
                                                         : GEMV_ISA_AVX512_BF16;
+        __atomic_store_n(&level, known, __ATOMIC_RELAXED);
     }
-    return level;
+    return known;
 }
 
 static inline float hsum(__m256 v) {
@@ -133,8 +135,8 @@ DEFINE_ROWS(gemv_rows_bf16, uint16_t, load8_bf16, load1_bf16)
 DEFINE_COLS(gemv_cols_f32, float, load8_f32, load1_f32)
 DEFINE_COLS(gemv_cols_bf16, uint16_t, load8_bf16, load1_bf16)
 
-/* The parts as the drivers call them, on the instruction set `isa` (at most gemv_isa(): the tests ask for each level
- * the processor has) or gemv_isa()'s. */
+/* The parts on instruction set `isa`, at most gemv_isa()'s (the tests ask for each level the processor has), and as
+ * the drivers call them, on gemv_isa()'s. */
 static long usable(long isa) { return isa < gemv_isa() ? isa : gemv_isa(); }
 
 void gemv_rows_f32_part_at(const float *x, const float *w, const float *b, float *y, long m, long in, long out,

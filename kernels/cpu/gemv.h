@@ -11,6 +11,13 @@ extern "C" {
 
 enum { GEMV_ISA_AVX2 = 0, GEMV_ISA_AVX512 = 1, GEMV_ISA_AVX512_BF16 = 2 }; /* gemv_isa's levels */
 
+/* A whole product on an OpenMP team (torch's, where torch loaded the library first: kernels/cpu/torch_gemv.py). */
+void gemv_rows_f32(const float *x, const float *w, const float *b, float *y, long m, long in, long out);
+void gemv_rows_bf16(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out);
+void gemv_cols_f32(const float *x, const float *w, const float *b, float *y, long m, long in, long out);
+void gemv_cols_bf16(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out);
+long gemv_max_rows(void); /* the most token rows a launcher gives it (MAX_ROWS) */
+
 /* Part `part` of `parts` of a product (gemv.c says how a product is cut), on gemv_isa()'s instruction set. */
 void gemv_rows_f32_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out, long part,
                         long parts);
@@ -24,6 +31,17 @@ void gemv_cols_reduce_part(const float *partials, const float *b, float *y, long
                            long parts);
 long gemv_cols_chunks(long in);
 long gemv_isa(void);
+
+/* The same parts on instruction set `isa` (a GEMV_ISA_* level; above gemv_isa(), gemv_isa()'s): the tests run every
+ * level the processor has. */
+void gemv_rows_f32_part_at(const float *x, const float *w, const float *b, float *y, long m, long in, long out,
+                           long part, long parts, long isa);
+void gemv_rows_bf16_part_at(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out,
+                            long part, long parts, long isa);
+void gemv_cols_f32_part_at(const float *x, const float *w, float *partials, long m, long in, long out, long part,
+                           long parts, long isa);
+void gemv_cols_bf16_part_at(const float *x, const uint16_t *w, float *partials, long m, long in, long out, long part,
+                            long parts, long isa);
 
 /* gemv_avx512.c's loops, which gemv.c's parts call where gemv_isa() allows */
 void gemv_rows_f32_avx512_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out,

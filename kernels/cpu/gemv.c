@@ -15,11 +15,11 @@
  * drivers: NAME runs the parts on an OpenMP team (torch's own when torch loaded it first: kernels/cpu/
  * torch_gemv.py); gemv_ffi.cc runs them on XLA's intra-op thread pool, so the kernel never competes with it.
  *
- * AVX2 + FMA; build.py compiles this only where the processor has both. Any shape: tails are scalar. Where the
- * processor has AVX-512F (and AVX512_BF16), each part runs gemv_avx512.c's 512-bit loops instead (gemv_isa, a rule
- * of the instruction set, not a measurement: the same loops, half the instructions per cache line of W, each stream
- * prefetched ahead; measured on an Intel Xeon only, docs/benchmarks.md); that file says what they keep bit for bit
- * and what they reorder.
+ * AVX2 + FMA; build.py compiles this only where the processor has both. Any shape: tails are scalar. Each of the
+ * four streams fetches its line AHEAD bytes before it reads it (gemv_loops.h). Where the processor has AVX-512F (and
+ * AVX512_BF16), each part runs gemv_avx512.c's 512-bit loops instead (gemv_isa, a rule of the instruction set, not a
+ * measurement: the same loops with half the instructions per cache line of W; measured on an Intel Xeon only,
+ * docs/benchmarks.md); that file says what they keep bit for bit and what they reorder.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -58,6 +58,8 @@ static inline __m256 load8_bf16(const uint16_t *w) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
+#define LINE(WT) (64 / (long)sizeof(WT)) /* weights per cache line: one fetch per line and stream */
+
 /* rows layout: a part's output rows are cut into blocks of up to ROW_TILE runs of q consecutive rows (~RUN_BYTES of
  * weights per run), and the kernel dots one row of each run at a time, so it reads ROW_TILE long contiguous streams.
  * ROW_TILE adjacent rows instead (at in = 1024 each row is one 4 KB page) read a chain of decode-sized products
@@ -70,6 +72,7 @@ static inline __m256 load8_bf16(const uint16_t *w) {
         const long vec = in / 8 * 8;                                                                         \
         GEMV_ROW_RUNS(WT, LOAD1, __m256, _mm256_setzero_ps(), hsum, for (long i = 0; i < vec; i += 8) {      \
             __m256 xv = _mm256_loadu_ps(xr + i);                                                             \
+            if (i % LINE(WT) == 0) FETCH4(i);                                                                \
             a0 = _mm256_fmadd_ps(LOAD8(w0 + i), xv, a0);                                                     \
             a1 = _mm256_fmadd_ps(LOAD8(w1 + i), xv, a1);                                                     \
             a2 = _mm256_fmadd_ps(LOAD8(w2 + i), xv, a2);                                                     \
@@ -99,6 +102,7 @@ long gemv_cols_chunks(long in) {
             __m256 x0 = _mm256_set1_ps(xr[i]), x1 = _mm256_set1_ps(xr[k1]);                                  \
             __m256 x2 = _mm256_set1_ps(xr[k2]), x3 = _mm256_set1_ps(xr[k3]);                                 \
             for (; j < vec; j += 8) {                                                                        \
+                if (j % LINE(WT) == 0) FETCH4(j);                                                            \
                 __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), x0, _mm256_loadu_ps(acc + j));                     \
                 a = _mm256_fmadd_ps(LOAD8(w1 + j), x1, a);                                                   \
                 a = _mm256_fmadd_ps(LOAD8(w2 + j), x2, a);                                                   \

@@ -1,8 +1,8 @@
 /* gemv.c's few-row products in 512-bit vectors, for the processors that have AVX-512F (and AVX512_BF16): the same
  * parts, the same cut and the same contract (x, b and y float32, W float32 or bfloat16 widened exactly, float32
  * sums), called by gemv.c's dispatch (gemv_isa) where the processor has the instructions. A decode step streams its
- * weights once, from memory: with half as many instructions per cache line of W, and each stream's line fetched
- * AHEAD bytes before it is read, these read a chain of decode-sized weights faster than the 256-bit loops, most of
+ * weights once, from memory: with half as many instructions per cache line of W (and each stream's line fetched
+ * AHEAD bytes before it is read, as the 256-bit loops do), these read a chain of decode-sized weights faster than the 256-bit loops, most of
  * all in bfloat16 (docs/benchmarks.md has the figures). Compiled in every build of gemv.c (the target attributes let
  * an AVX2 compile hold them); only called where gemv_isa() says the processor runs them.
  *
@@ -26,13 +26,6 @@
 #define AVX512 __attribute__((target("avx512f")))
 #define AVX512_BF16 __attribute__((target("avx512f,avx512bf16")))
 
-/* How far ahead of each stream its line is fetched (bytes). The hardware prefetchers alone leave these loops short of
- * the bandwidth a float32 weight is read at when the weight is bf16 (half the bytes per instruction); a line asked
- * for 2 KB ahead in each of the four streams closes the gap (docs/benchmarks.md). A hint: past the end it fetches
- * nothing and faults nothing. */
-#define AHEAD 2048
-#define FETCH(p) _mm_prefetch((const char *)(p) + AHEAD, _MM_HINT_T0)
-
 /* 16 weights as float32 */
 static inline AVX512 __m512 load16_f32(const float *w) { return _mm512_loadu_ps(w); }
 static inline AVX512 __m512 load16_bf16(const uint16_t *w) {
@@ -53,7 +46,7 @@ AVX512 void gemv_rows_f32_avx512_part(const float *x, const float *w, const floa
     const long vec = in / 16 * 16;
     GEMV_ROW_RUNS(float, load1_f32, __m512, _mm512_setzero_ps(), REDUCE16, for (long i = 0; i < vec; i += 16) {
         const __m512 xv = _mm512_loadu_ps(xr + i);
-        FETCH(w0 + i), FETCH(w1 + i), FETCH(w2 + i), FETCH(w3 + i);
+        FETCH4(i);
         a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), xv, a0);
         a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), xv, a1);
         a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), xv, a2);
@@ -86,7 +79,7 @@ static AVX512 void rows_bf16_fma(const float *x, const uint16_t *w, const float 
     GEMV_ROW_RUNS(uint16_t, load1_bf16, __m512, _mm512_setzero_ps(), REDUCE16, for (long i = 0; i < vec; i += 32) {
         __m512 xo, xe;
         odd_even(xr + i, &xo, &xe);
-        FETCH(w0 + i), FETCH(w1 + i), FETCH(w2 + i), FETCH(w3 + i);
+        FETCH4(i);
         ODD_EVEN(a0, w0, xo, xe) ODD_EVEN(a1, w1, xo, xe) ODD_EVEN(a2, w2, xo, xe) ODD_EVEN(a3, w3, xo, xe)
     })
 }
@@ -97,7 +90,7 @@ static AVX512_BF16 void rows_bf16_dot(const float *x, const uint16_t *w, const f
     GEMV_ROW_RUNS(uint16_t, load1_bf16, __m512, _mm512_setzero_ps(), REDUCE16, for (long i = 0; i < vec; i += 32) {
         /* exact: x holds bf16 values (checked by the caller) */
         const __m512bh xv = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xr + i + 16), _mm512_loadu_ps(xr + i));
-        FETCH(w0 + i), FETCH(w1 + i), FETCH(w2 + i), FETCH(w3 + i);
+        FETCH4(i);
         a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w0 + i), xv);
         a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w1 + i), xv);
         a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w2 + i), xv);
@@ -133,7 +126,7 @@ AVX512 void gemv_rows_bf16_avx512_part(const float *x, const uint16_t *w, const 
             __m512 x0 = _mm512_set1_ps(xr[i]), x1 = _mm512_set1_ps(xr[k1]);                                  \
             __m512 x2 = _mm512_set1_ps(xr[k2]), x3 = _mm512_set1_ps(xr[k3]);                                 \
             for (; j < vec16; j += 16) {                                                                     \
-                FETCH(w0 + j), FETCH(w1 + j), FETCH(w2 + j), FETCH(w3 + j);                                  \
+                FETCH4(j);                                  \
                 __m512 a = _mm512_fmadd_ps(LOAD16(w0 + j), x0, _mm512_loadu_ps(acc + j));                    \
                 a = _mm512_fmadd_ps(LOAD16(w1 + j), x1, a);                                                  \
                 a = _mm512_fmadd_ps(LOAD16(w2 + j), x2, a);                                                  \

@@ -60,6 +60,8 @@ def attend(
     if torch_decode_ops.takes_attention(q, k, v):  # a decode step's few rows: this math in one C call per batch row
         return torch_decode_ops.attend(q, k, v, mask, scale, softcap)
     b, t, n_kv, g, d = q.shape
+    # widened first: torch has no bf16 product with float32 sums on the CPU (jax_impl dots bf16 q and k as they are,
+    # the same math)
     rows = q.float().permute(0, 2, 3, 1, 4).reshape(b, n_kv, g * t, d)  # [B, n_kv, g*T, d]
     scores = (rows @ k.float().transpose(-1, -2)).view(b, n_kv, g, t, -1) * scale  # [B, n_kv, g, T, S]
     if softcap is not None:

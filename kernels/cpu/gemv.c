@@ -51,12 +51,6 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* 8 weights as float32: a plain load, or 8 bfloat16 widened (bf16 is the top half of a float32). */
-static inline __m256 load8_f32(const float *w) { return _mm256_loadu_ps(w); }
-static inline __m256 load8_bf16(const uint16_t *w) {
-    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
 
 #define LINE(WT) (64 / (long)sizeof(WT)) /* weights per cache line: one fetch per line and stream */
 

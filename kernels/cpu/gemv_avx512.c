@@ -1,10 +1,10 @@
 /* gemv.c's few-row products in 512-bit vectors, for the processors that have AVX-512F (and AVX512_BF16): the same
  * parts, the same cut and the same contract (x, b and y float32, W float32 or bfloat16 widened exactly, float32
  * sums), called by gemv.c's dispatch (gemv_isa) where the processor has the instructions. A decode step streams its
- * weights once, from memory: with half as many instructions per cache line of W (and each stream's line fetched
- * AHEAD bytes before it is read, as the 256-bit loops do), these read a chain of decode-sized weights faster than the 256-bit loops, most of
- * all in bfloat16 (docs/benchmarks.md has the figures). Compiled in every build of gemv.c (the target attributes let
- * an AVX2 compile hold them); only called where gemv_isa() says the processor runs them.
+ * weights once, from memory: with half as many instructions per cache line of W (each stream's line fetched AHEAD
+ * bytes before it is read, as in the 256-bit loops), these read a chain of decode-sized weights faster than the
+ * 256-bit loops, most of all in bfloat16 (docs/benchmarks.md has the figures). Compiled in every build of gemv.c
+ * (the target attributes let an AVX2 compile hold them); only called where gemv_isa() says the processor runs them.
  *
  * What changes against the 256-bit loops, and what does not:
  *   cols  the same additions in the same order for every output (acc + w0 x0 + w1 x1 + w2 x2 + w3 x3 per column,
@@ -32,12 +32,6 @@ static inline AVX512 __m512 load16_bf16(const uint16_t *w) {
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)w));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
-/* 8 weights as float32, gemv.c's 256-bit load (the cols layout's columns past the last 16) */
-static inline AVX512 __m256 load8_f32(const float *w) { return _mm256_loadu_ps(w); }
-static inline AVX512 __m256 load8_bf16(const uint16_t *w) {
-    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
 
 #define REDUCE16 _mm512_reduce_add_ps
 
@@ -57,9 +51,9 @@ AVX512 void gemv_rows_f32_avx512_part(const float *x, const float *w, const floa
 /* the odd and the even bf16 of 32 as float32, lane l holding elements 2l + 1 and 2l */
 #define ODD(v) _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)))
 #define EVEN(v) _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
-#define ODD_EVEN(a, wr, xo, xe)                                     \
-    {                                                               \
-        const __m512i v = _mm512_loadu_si512(wr + i);               \
+#define ODD_EVEN(a, wr, xo, xe)                                            \
+    {                                                                      \
+        const __m512i v = _mm512_loadu_si512(wr + i);                      \
         a = _mm512_fmadd_ps(EVEN(v), xe, _mm512_fmadd_ps(ODD(v), xo, a)); \
     }
 
@@ -117,7 +111,7 @@ AVX512 void gemv_rows_bf16_avx512_part(const float *x, const uint16_t *w, const 
         rows_bf16_fma(x, w, b, y, m, in, out, part, parts);
 }
 
-/* The cols layout: gemv.c's loop 16 columns wide, then 8 wide as gemv.c's, then the scalar tail. */
+/* The cols layout: 16 columns at a time, then gemv.c's 8-wide loop, then the shared scalar tail. */
 #define DEFINE_COLS512(NAME, WT, LOAD16, LOAD8, LOAD1)                                                       \
     AVX512 void NAME(const float *x, const WT *w, float *partials, long m, long in, long out, long part,     \
                      long parts) {                                                                           \
@@ -126,17 +120,19 @@ AVX512 void gemv_rows_bf16_avx512_part(const float *x, const uint16_t *w, const 
             __m512 x0 = _mm512_set1_ps(xr[i]), x1 = _mm512_set1_ps(xr[k1]);                                  \
             __m512 x2 = _mm512_set1_ps(xr[k2]), x3 = _mm512_set1_ps(xr[k3]);                                 \
             for (; j < vec16; j += 16) {                                                                     \
-                FETCH4(j);                                  \
+                FETCH4(j);                                                                                   \
                 __m512 a = _mm512_fmadd_ps(LOAD16(w0 + j), x0, _mm512_loadu_ps(acc + j));                    \
                 a = _mm512_fmadd_ps(LOAD16(w1 + j), x1, a);                                                  \
                 a = _mm512_fmadd_ps(LOAD16(w2 + j), x2, a);                                                  \
                 _mm512_storeu_ps(acc + j, _mm512_fmadd_ps(LOAD16(w3 + j), x3, a));                           \
             }                                                                                                \
-            for (; j < vec8; j += 8) {                                                                       \
-                __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), _mm512_castps512_ps256(x0), _mm256_loadu_ps(acc + j)); \
-                a = _mm256_fmadd_ps(LOAD8(w1 + j), _mm512_castps512_ps256(x1), a);                           \
-                a = _mm256_fmadd_ps(LOAD8(w2 + j), _mm512_castps512_ps256(x2), a);                           \
-                _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(LOAD8(w3 + j), _mm512_castps512_ps256(x3), a));    \
+            const __m256 y0 = _mm512_castps512_ps256(x0), y1 = _mm512_castps512_ps256(x1);                   \
+            const __m256 y2 = _mm512_castps512_ps256(x2), y3 = _mm512_castps512_ps256(x3);                   \
+            for (; j < vec8; j += 8) { /* gemv.c's 256-bit loop */                                           \
+                __m256 a = _mm256_fmadd_ps(LOAD8(w0 + j), y0, _mm256_loadu_ps(acc + j));                     \
+                a = _mm256_fmadd_ps(LOAD8(w1 + j), y1, a);                                                   \
+                a = _mm256_fmadd_ps(LOAD8(w2 + j), y2, a);                                                   \
+                _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(LOAD8(w3 + j), y3, a));                            \
             }                                                                                                \
         })                                                                                                   \
     }

@@ -25,6 +25,12 @@ static inline void span(long n, long part, long parts, long *lo, long *hi) {
     *hi = n * (part + 1) / parts;
 }
 
+/* 8 weights as float32: a plain load, or 8 bfloat16 widened (bf16 is the top half of a float32). */
+static inline __m256 load8_f32(const float *w) { return _mm256_loadu_ps(w); }
+static inline __m256 load8_bf16(const uint16_t *w) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
 static inline float load1_f32(const float *w) { return *w; }
 static inline float load1_bf16(const uint16_t *w) {
     union { uint32_t u; float f; } v = {.u = (uint32_t)*w << 16};

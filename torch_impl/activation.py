@@ -2,8 +2,8 @@
 the plain activation of a non-gated MLP (GPT-NeoX).
 
 Mirrors jax_impl/activation.py. The gated math lives in kernels/triton/reference.py (fp32, cast once);
-`kernels="fused"` runs the Triton kernel with the same contract; a CPU decode step's few rows run SwiGLU's math in
-one C call (kernels/cpu/torch_decode_ops.py). `activation(name, x)` computes in float32
+`kernels="fused"` runs the Triton kernel with the same contract; CPU generation's rows (its prompt's and decode
+steps') run SwiGLU's math in one C call (kernels/cpu/torch_decode_ops.py). `activation(name, x)` computes in float32
 and casts once, as torch's own GELU/SiLU do on a low-precision input.
 """
 
@@ -27,7 +27,7 @@ class SiluAndMul(nn.Module):
             from kernels.triton import silu_and_mul  # imports triton: only on the fused path
 
             return silu_and_mul(gate_up)
-        if torch_decode_ops.takes(gate_up):  # a decode step's rows: the reference's math in one call
+        if torch_decode_ops.takes(gate_up):  # generation's rows: the reference's math in one call
             return torch_decode_ops.silu_and_mul(gate_up)
         return reference.silu_and_mul_reference(gate_up)  # [..., 2I] -> [..., I]
 

@@ -132,7 +132,7 @@ class Attention(nn.Module):
     def _norm_and_rotate(
         self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-head q/k norms (where the spec has them), then RoPE; in a CPU decode step, all four in one C call."""
+        """Per-head q/k norms (where the spec has them), then RoPE; in CPU generation, all four in one C call."""
         per_head = self.q_norm is not None and not self.projection_norm
         if per_head and self._one_call(q, k):
             qn, kn = self.q_norm, self.k_norm  # one spec built both: the same eps and options

@@ -124,12 +124,12 @@ class DecoderLayer(nn.Module):
         return hidden, residual
 
     def _takes_one_call(self, hidden: torch.Tensor, residual: torch.Tensor | None, cache: KVCache) -> bool:
-        """Whether this step runs in one call: a decode step's rows (torch_decode_ops.takes), the cache in the
+        """Whether this step runs in one call: a decode step's rows (torch_decode_ops.takes_step), the cache in the
         activations' dtype, and every product of the layer on the few-row kernel (asked of the choices once per row
         count and dtype, again after they are cleared; a forced path is asked every time)."""
         norm = self.input_layernorm
         if not (
-            torch_decode_ops.takes(hidden, norm.weight, residual)
+            torch_decode_ops.takes_step(hidden, norm.weight, residual)
             and cache.k[self.layer_idx].dtype is hidden.dtype
             and torch_decode_layer.enabled()
         ):

@@ -116,7 +116,8 @@ def decode_loop(
 
     start = time.perf_counter()
     ids = torch.as_tensor(prompts.ids, device=device)
-    last = model(ids, attention_mask=mask[:, :prompt_len], cache=cache, last_only=True)[:, -1]  # [B, V]
+    with torch_decode_ops.prompts():  # the prompt's rows: the CPU's row operators in C where they apply
+        last = model(ids, attention_mask=mask[:, :prompt_len], cache=cache, last_only=True)[:, -1]  # [B, V]
     prefill_done = time.perf_counter()
     for step in range(max_new_tokens):
         token = pick(last)  # [B]

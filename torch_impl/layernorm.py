@@ -4,8 +4,8 @@
 Mirrors jax_impl/layernorm.py. RMSNorm(x) = g * x / sqrt(mean(x^2) + eps): no mean subtraction, an fp32
 reduction, eps inside the square root. With a residual it returns (normed, new_residual) where
 new_residual = x + residual rounded to the activation dtype (docs/design.md, "The dual-variable flow"). The math
-lives in kernels/triton/reference.py; `kernels="fused"` runs the Triton kernel with the same contract; a CPU decode
-step's few rows run that math in one C call (kernels/cpu/torch_decode_ops.py). LayerNorm has no kernel: both
+lives in kernels/triton/reference.py; `kernels="fused"` runs the Triton kernel with the same contract; CPU
+generation's rows run that math in one C call (kernels/cpu/torch_decode_ops.py). LayerNorm has no kernel: both
 `kernels` choices run the reference math below.
 """
 
@@ -72,7 +72,7 @@ class RMSNorm(nn.Module):
             return self._sharded_rows(x, weight, row_group)
         if self.kernels == "fused":
             return _fused_add_rms_norm(tuple(self.options))(x, residual, weight, self.eps, **self.options)
-        if torch_decode_ops.takes(x, weight, residual):  # a decode step's rows: the reference's math in one call
+        if torch_decode_ops.takes(x, weight, residual):  # generation's rows: the reference's math in one call
             return torch_decode_ops.add_rms_norm(x, residual, weight, self.eps, **self.options)
         return reference.add_rms_norm_reference(x, residual, weight, self.eps, **self.options)
 

@@ -4,8 +4,8 @@ Mirrors jax_impl/rotary_embedding.py. Frequencies (theta and any linear / llama3
 the spec as float32, identical bits in both backends; a layer kind with its own RoPE (Gemma 3's sliding
 layers) has its own table. Angles, cos, sin and the rotation are computed in float32 and cast once to the
 activation dtype. Partial rotary (GPT-NeoX) rotates the first rotary_dim dims of each head and passes the
-rest through unchanged. A decode step's few rows on the CPU are rotated in one C call with this math
-(kernels/cpu/torch_decode_ops.py).
+rest through unchanged. CPU generation's rows (its prompt's and decode steps') are rotated in one C call with
+this math (kernels/cpu/torch_decode_ops.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, T, n, d]; cos, sin [B, T, r] float32 with r <= d: the first r dims of each head are rotated."""
-    if torch_decode_ops.takes(x, cos, sin):  # a decode step's few rows: this function's math in one C call
+    if torch_decode_ops.takes(x, cos, sin):  # generation's rows: this function's math in one C call
         return torch_decode_ops.rotary(x, cos, sin)
     rotary = cos.shape[-1]
     if rotary < x.shape[-1]:  # partial rotary: rotate x[..., :r], keep x[..., r:]

@@ -39,17 +39,28 @@ REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what gemv.c is compil
 SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they include, all hashed into its name
     "gemv": ("gemv.c", "gemv_avx512.c", "gemv.h", "gemv_loops.h"),
     "gemv_xla": ("gemv.c", "gemv_avx512.c", "gemv_ffi.cc", "gemv.h", "gemv_loops.h", "xla_pool.h"),
-    "decode_ops": ("decode_ops.c", "bf16.h"),
-    "decode_ops_xla": ("decode_ops.c", "decode_ops_ffi.cc", "xla_pool.h", "bf16.h"),
+    "decode_ops": ("decode_ops.c", "attend.c", "decode_ops.h", "vec8.h", "bf16.h"),
+    "decode_ops_xla": (
+        "decode_ops.c",
+        "attend.c",
+        "decode_ops_ffi.cc",
+        "decode_ops.h",
+        "vec8.h",
+        "xla_pool.h",
+        "bf16.h",
+    ),
     # a layer from both
     "decode_layer": (
         "gemv.c",
         "gemv_avx512.c",
         "decode_ops.c",
+        "attend.c",
         "decode_layer.c",
         "gemv.h",
         "gemv_loops.h",
         "decode_layer.h",
+        "decode_ops.h",
+        "vec8.h",
         "bf16.h",
     ),
     "decode_layer_xla": (
@@ -58,6 +69,7 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
         "gemv.h",
         "gemv_loops.h",
         "decode_ops.c",
+        "attend.c",
         "decode_layer.c",
         "decode_layer_ffi.cc",
         "decode_layer.h",

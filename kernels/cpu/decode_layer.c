@@ -30,21 +30,8 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "decode_ops.h"
 #include "gemv.h"
-
-#define DECLARE(T, S)                                                                                                  \
-    void add_rms_norm_##S(const T *x, const T *residual, const T *w, T *out, T *s_out, long rows, long dim, float eps, \
-                          float offset, int float32_weight);                                                           \
-    void rotary_##S(const T *x, const float *cos, const float *sin, T *out, long rows, long heads, long d, long r);    \
-    void norm_rotary_##S(const T *q, const T *k, const T *wq, const T *wk, const float *cos, const float *sin,         \
-                         T *q_out, T *k_out, long rows, long nq, long nk, long d, long r, float eps, float offset,     \
-                         int float32_weight);                                                                          \
-    void attend_##S##_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item, long n_kv,      \
-                           long g, long d, long keys, long mask_row, long k_head, long v_head, long v_row,             \
-                           float scale, float cap);                                                                    \
-    void silu_and_mul_##S(const T *x, T *out, long rows, long inter);
-DECLARE(float, f32)
-DECLARE(uint16_t, bf16)
 
 static inline float widen_f32(float v) { return v; }
 static inline float widen_bf16(uint16_t h) { return bf16_to_f32(h); }

@@ -10,16 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "decode_ops.h"
 #include "xla_pool.h"
-
-extern "C" {
-void attend_f32_item(const float *q, const float *k, const float *v, const uint8_t *mask, float *out, long item,
-                     long n_kv, long g, long d, long keys, long mask_row, long k_head, long v_head, long v_row,
-                     float scale, float cap);
-void attend_bf16_item(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask, uint16_t *out,
-                      long item, long n_kv, long g, long d, long keys, long mask_row, long k_head, long v_head,
-                      long v_row, float scale, float cap);
-}
 
 template <ffi::DataType T>
 static ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<T, 5> q, ffi::Buffer<T, 4> k, ffi::Buffer<T, 4> v,

@@ -1,17 +1,19 @@
-"""PyTorch launcher of a decode step's small operators (kernels/cpu/decode_ops.c): `add_rms_norm`, `rotary`,
-`norm_rotary` (the two in turn on q and k), `attend` and `silu_and_mul`, each with its reference's contract
+"""PyTorch launcher of the CPU generation's small operators (kernels/cpu/decode_ops.c, attend.c): `add_rms_norm`,
+`rotary`, `norm_rotary` (the two in turn on q and k), `attend` and `silu_and_mul`, each with its reference's contract
 (kernels/triton/reference.py's add_rms_norm_reference and silu_and_mul_reference, torch_impl/rotary_embedding.py's
 apply_rotary, torch_impl/attention.py's attend): the same arguments, shapes, dtypes and roundings.
 
-At a decode step's few token rows these operators are dispatch-bound: each is 5-10 eager operators of a few
-microseconds on a few thousand elements. torch_impl's layers call one of these instead where `takes` holds, a
-rule rather than a measurement: one call against several dispatches of the same arithmetic, on the same threads
-where there are any to use (attention over a long cache runs on torch's OpenMP team), which no processor turns
-around (benchmarks/cpu_decode.py measures the step with and without them). Only torch_impl's generation opts in
-(`decode_steps()`, around each decode step); everywhere else (a prompt, training, the parity checks and their
-mutants, another device, a dispatch or function mode such as FlopCounterMode or a fake tensor, the profiler, a
-machine where the kernels could not be built) the layers keep the reference, so what autograd, the parity traces
-and the FLOP counts see is unchanged. Called through ctypes on the tensors' memory.
+In eager PyTorch each of these is 5-10 operators, each a pass over its rows through float32 temporaries: at a decode
+step's few token rows the dispatches are the cost (a few microseconds each on a few thousand elements), at a prompt's
+hundreds of rows the passes are (a bfloat16 add+RMSNorm is seven of them). torch_impl's layers call one of these
+instead where the rule holds (`takes`, and `takes_step` for what only a decode step takes: the attention, the one-call
+layer), a rule rather than a measurement: one call against several of the same arithmetic, on the same threads where
+there are any to use (a call over enough rows runs on torch's OpenMP team), which no processor turns around
+(benchmarks/cpu_decode.py measures the step with and without them). Only torch_impl's generation opts in
+(`decode_steps()` around each decode step, `prompts()` around its prompt); everywhere else (training, the parity checks
+and their mutants, another device, a dispatch or function mode such as FlopCounterMode or a fake tensor, the profiler,
+a machine where the kernels could not be built) the layers keep the reference, so what autograd, the parity traces and
+the FLOP counts see is unchanged. Called through ctypes on the tensors' memory.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ _SIGNATURES = {
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _DECODING = Switch("torch_decode_ops.decoding")
+_PROMPT = Switch("torch_decode_ops.prompt")
 _OFF = Switch("torch_decode_ops.off")
 
 
@@ -56,33 +59,38 @@ def available() -> bool:
 
 
 def decode_steps() -> contextlib.AbstractContextManager[None]:
-    """Within the block (this thread) the layers may take these operators: torch_impl/generate.py enters it for its
-    decode steps only, so that no other forward -- a prompt, a parity trace or mutant of one token, training --
-    changes what it computes with."""
+    """Within the block (this thread) the layers may take these operators for a decode step's rows:
+    torch_impl/generate.py enters it for its decode steps only, so that no other forward -- a parity trace or mutant of
+    one token, training -- changes what it computes with."""
     return _DECODING.on()
 
 
+def prompts() -> contextlib.AbstractContextManager[None]:
+    """Within the block (this thread) the layers may take the row operators (`takes`) for any number of token rows:
+    torch_impl/generate.py enters it for its prompt's forward."""
+    return _PROMPT.on()
+
+
 def reference_only() -> contextlib.AbstractContextManager[None]:
-    """Within the block the layers keep the reference everywhere, decode steps included (this thread): the
+    """Within the block the layers keep the reference everywhere, prompts and decode steps included (this thread): the
     benchmark's and the tests' side-by-side runs."""
     return _OFF.on()
 
 
-def takes(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
-    """Whether a layer runs its operator on `x` [B, T, ...] (and its other `operands`: a norm's weight and
-    residual, RoPE's cos and sin) here: inside `decode_steps()` and not `reference_only()`, one token per row
-    (T = 1) and at most MAX_ROWS rows, a CPU float32 or bfloat16 tensor, nothing to differentiate, no dispatch or
-    function mode and no profiler watching, the kernels built. (Asked by every norm, rotation, attention and SwiGLU
-    of a decode step: plain comparisons, cheapest first.)"""
+def _step_rows(x: torch.Tensor) -> bool:
+    """x [B, T, ...] is a decode step's: one token per row (T = 1), at most MAX_ROWS rows."""
+    return x.dim() >= 3 and x.shape[1] == 1 and 0 < x.shape[0] <= MAX_ROWS
+
+
+def _plain(x: torch.Tensor, operands: tuple[torch.Tensor | None, ...]) -> bool:
+    """A CPU float32 or bfloat16 x [B, T, ...], nothing to differentiate, no dispatch or function mode and no profiler
+    watching, the kernels built (plain comparisons, cheapest first)."""
     dtype = x.dtype
     return (
-        _DECODING.get()
-        and not _OFF.get()
+        not _OFF.get()
         and (dtype is torch.float32 or dtype is torch.bfloat16)
         and x.is_cpu
         and x.dim() >= 3
-        and x.shape[1] == 1
-        and 0 < x.shape[0] <= MAX_ROWS
         and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *operands)))
         and not torch._C._len_torch_dispatch_stack()
         and not torch._C._is_torch_function_mode_enabled()
@@ -91,9 +99,24 @@ def takes(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
     )
 
 
+def takes(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
+    """Whether a layer runs its row operator (a norm, a rotation, SwiGLU) on `x` [B, T, ...] (and its other
+    `operands`: a norm's weight and residual, RoPE's cos and sin) here: a decode step's rows inside `decode_steps()`
+    (`takes_step`), or any rows inside `prompts()`; not `reference_only()`; a CPU float32 or bfloat16 tensor, nothing
+    to differentiate, nobody watching, the kernels built."""
+    return ((_DECODING.get() and _step_rows(x)) or _PROMPT.get()) and _plain(x, operands)
+
+
+def takes_step(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
+    """`takes`, for what only a decode step's rows take (the attention, decode_layer.c's one call): inside
+    `decode_steps()`, one token per row (T = 1) and at most MAX_ROWS rows."""
+    return _DECODING.get() and _step_rows(x) and _plain(x, operands)
+
+
 def takes_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """`takes(q)`, with keys and values of q's dtype (a long cache too: the kernel reads it on torch's threads)."""
-    return k.dtype is q.dtype and v.dtype is q.dtype and takes(q, k, v)
+    """`takes_step(q)`, with keys and values of q's dtype (a long cache too: the kernel reads it on torch's threads).
+    A prompt keeps the reference: its rows attend as matrix products, which beat the kernel's dot products there."""
+    return k.dtype is q.dtype and v.dtype is q.dtype and takes_step(q, k, v)
 
 
 def _refuse(op: str, problem: str) -> ValueError:

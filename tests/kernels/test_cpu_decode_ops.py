@@ -1,9 +1,8 @@
-"""kernels/cpu/decode_ops.c through its torch launcher (torch_decode_ops.py): each operator against the reference it
-stands in for at a decode step, held to the kernel tolerance table's row (odd widths, float32 and bfloat16,
-non-contiguous inputs, Gemma's and OLMo 2's norm options, soft-capping, fully masked rows, SwiGLU's exp at its
-float32 extremes); the rule that decides when torch_impl's layers take it (generation's decode steps only); a whole
-decode through it against the same decode on the reference; and errors that name the operand (the norm's: its
-reference's own).
+"""kernels/cpu/decode_ops.c and attend.c through their torch launcher (torch_decode_ops.py): each operator against the
+reference it stands in for, held to the kernel tolerance table's row (odd widths, float32 and bfloat16, non-contiguous
+inputs, Gemma's and OLMo 2's norm options, soft-capping, fully masked rows, SwiGLU's exp at its float32 extremes), at a
+decode step's rows and at a prompt's (cut over the threads: each row's result that of the row alone); and errors that
+name the operand (the norm's: its reference's own). When the layers take them: test_cpu_decode_ops_rule.py.
 """
 
 from __future__ import annotations
@@ -11,15 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils.flop_counter import FlopCounterMode
 
-import spec
-import torch_impl
-import torch_impl.layernorm
 from kernels.cpu import build, torch_decode_ops
 from kernels.triton.reference import add_rms_norm_reference, silu_and_mul_reference
-from tests.greedy import assert_same_greedy
 from tests.kernels.tolerances import assert_within_tolerance
 from torch_impl.attention import attend
 from torch_impl.rotary_embedding import apply_rotary
@@ -187,49 +180,6 @@ def test_a_fully_masked_row_is_the_references_uniform_mean_not_nan():
     assert_within_tolerance(numpy(out), numpy(ref), "attention", "float32")
 
 
-class Watching(TorchFunctionMode):
-    """A function mode that only passes calls through (a tracer or logger would see each operator)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
-def test_the_rule_takes_generations_decode_steps_only():
-    """Inside generate's `decode_steps()` only: one token per row, at most MAX_ROWS rows, CPU float32/bfloat16,
-    nothing to differentiate, nobody watching."""
-    step = torch.zeros(2, 1, 64)
-    with torch.inference_mode():
-        assert not torch_decode_ops.takes(step)  # a one-token forward outside generation: a parity trace, a mutant
-        with torch_decode_ops.decode_steps():
-            assert torch_decode_ops.takes(step)
-            assert not torch_decode_ops.takes(torch.zeros(2, 3, 64))  # several tokens a row
-            assert not torch_decode_ops.takes(torch.zeros(torch_decode_ops.MAX_ROWS + 1, 1, 64))
-            assert not torch_decode_ops.takes(step.half())
-            assert not torch_decode_ops.takes(torch.zeros(2, 64))  # not [B, T, ...]
-            with torch_decode_ops.reference_only():
-                assert not torch_decode_ops.takes(step)
-            with FlopCounterMode(display=False):  # a dispatch mode sees the reference's operators
-                assert not torch_decode_ops.takes(step)
-            with Watching():  # so does a function mode
-                assert not torch_decode_ops.takes(step)
-    weight, residual = torch.nn.Parameter(torch.ones(64)), torch.zeros(2, 1, 64, requires_grad=True)
-    with torch_decode_ops.decode_steps():
-        assert not torch_decode_ops.takes(step, weight)  # autograd would record the weight's gradient
-        assert not torch_decode_ops.takes(step, torch.ones(64), residual)  # or the residual's
-        with torch.no_grad():
-            assert torch_decode_ops.takes(step, weight, residual)
-
-
-def test_a_norm_that_needs_a_gradient_keeps_autograd():
-    """A residual that requires a gradient inside decode steps: the reference runs and records it."""
-    norm = torch_impl.layernorm.RMSNorm(8, 1e-6)
-    norm.weight.requires_grad_(False)
-    residual = torch.randn(1, 1, 8, requires_grad=True)
-    with torch_decode_ops.decode_steps():
-        out, new = norm(torch.randn(1, 1, 8), residual)
-    assert out.grad_fn is not None and new.grad_fn is not None
-
-
 def test_bad_operands_name_the_problem():
     with torch.inference_mode():
         # the reference's own checks: the same calls are legal on both paths, refused with the same error
@@ -257,40 +207,43 @@ def test_bad_operands_name_the_problem():
             torch_decode_ops.silu_and_mul(torch.zeros(1, 1, 8, dtype=torch.float16))
 
 
-def test_generation_through_the_kernels_equals_the_reference(tmp_path):
-    """The default checkpoint decoded greedily, float32: the same tokens (up to a near-tie, tests/greedy.py), and
-    every step's logits within the float32 parity bound of the decode kept on the reference (the kernels run at
-    every decode step: counted)."""
-    from parity.tolerances import TOLERANCES
+def per_row(op, x: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+    """`op` called on each token row of x [B, T, ...] alone (each call below PARALLEL_MIN elements: one thread), the
+    results stacked back; `rest` are cut along with x where they have its leading dims (cos, sin), else passed."""
+    rows = []
+    for b in range(x.shape[0]):
+        for t in range(x.shape[1]):
+            rows.append(op(x[b : b + 1, t : t + 1], *(r[b : b + 1, t : t + 1] if r.dim() > 1 else r for r in rest)))
+    return torch.cat(rows, dim=1).view(*x.shape[:2], *rows[0].shape[2:])
 
-    model = torch_impl.from_pretrained(spec.default_checkpoint(tmp_path))
-    prompt = [[5, 9, 200, 17], [3, 1, 4, 1]]
-    calls = {"attend": 0, "silu_and_mul": 0, "norm_rotary": 0}
-    table = torch_decode_ops._functions()
-    launches = {op: table[op, torch.float32] for op in calls}
 
-    def counted(op):
-        def call(*args):
-            calls[op] += 1
-            return launches[op](*args)
-
-        return call
-
-    table.update({(op, torch.float32): counted(op) for op in calls})
-    try:
-        fast = torch_impl.generate(model, prompt, 8, eos_token_ids=(), return_logits=True)
-    finally:
-        table.update({(op, torch.float32): launch for op, launch in launches.items()})
-    with torch_decode_ops.reference_only():
-        ref = torch_impl.generate(model, prompt, 8, eos_token_ids=(), return_logits=True)
-    layers = model.spec.num_hidden_layers
-    assert calls["attend"] == 7 * layers * len(prompt)  # 7 decode steps, every layer, each row
-    assert calls["silu_and_mul"] == 7 * layers  # one call for the step's rows
-    assert model.spec.qk_norm and calls["norm_rotary"] == 7 * layers  # the q/k norms and RoPE: one call
-    # the suite's rule for greedy runs of two correct float32 paths: identical tokens, except from a near-tie on
-    assert_same_greedy({"reference": ref.tokens, "kernels": fast.tokens}, ref.logits)
-    differs = np.flatnonzero((np.array(ref.tokens) != np.array(fast.tokens)).any(axis=0))  # steps where a row split
-    agree = int(differs[0]) if differs.size else len(ref.logits)  # the steps fed the same tokens
-    bound = TOLERANCES["float32"].max_rel
-    for step, (a, b) in enumerate(zip(fast.logits[:agree], ref.logits[:agree], strict=True)):  # the same inputs
-        assert np.abs(a - b).max() <= bound * np.abs(b).max(), step
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_prompts_rows_are_cut_over_the_threads_without_changing_a_bit(dtype):
+    """A prompt's rows (over PARALLEL_MIN = 32768 elements: cut over the OpenMP team) match the reference within the
+    table's rows and equal, bit for bit, each row computed alone: no result depends on the cut. Odd widths (1031,
+    SwiGLU's 601, a partial rotation of 40 of 80 dims), batch rows of 67 tokens."""
+    x, residual = randn(2, 67, 1031, dtype=dtype, seed=1, scale=2.0), randn(2, 67, 1031, dtype=dtype, seed=2)
+    weight = randn(1031, dtype=dtype, seed=3, scale=0.5) + 1
+    gate_up = randn(2, 67, 2 * 601, dtype=dtype, seed=4, scale=3.0)
+    q, k = randn(2, 67, 9, 80, dtype=dtype, seed=5), randn(2, 67, 3, 80, dtype=dtype, seed=6)
+    angles = torch.arange(2 * 67 * 40, dtype=torch.float32).view(2, 67, 40) * 0.01
+    cos, sin = angles.cos(), angles.sin()
+    with torch.inference_mode():
+        out, new = torch_decode_ops.add_rms_norm(x, residual, weight, 1e-6)
+        ref_out, ref_new = add_rms_norm_reference(x, residual, weight, 1e-6)
+        assert_within_tolerance(numpy(out), numpy(ref_out), "add_rms_norm", name(dtype), "prompt")
+        assert torch.equal(new, ref_new)  # one rounding of an exact float32 sum: the reference's bits
+        alone = per_row(lambda a, r, w: torch_decode_ops.add_rms_norm(a, r, w, 1e-6)[0], x, residual, weight)
+        assert torch.equal(out, alone)
+        act = torch_decode_ops.silu_and_mul(gate_up)
+        assert_within_tolerance(numpy(act), numpy(silu_and_mul_reference(gate_up)), "silu_and_mul", name(dtype))
+        assert torch.equal(act, per_row(torch_decode_ops.silu_and_mul, gate_up))
+        rotated = torch_decode_ops.rotary(q, cos, sin)
+        with torch_decode_ops.reference_only():
+            assert_within_tolerance(numpy(rotated), numpy(apply_rotary(q, cos, sin)), "rotary", name(dtype))
+        assert torch.equal(rotated, per_row(torch_decode_ops.rotary, q, cos, sin))
+        qn, kn = torch_decode_ops.norm_rotary(q, k, weight[:80], weight[1:81], 1e-6, cos, sin)
+        assert torch.equal(qn, per_row(lambda a, c, s: torch_decode_ops.norm_rotary(a, a, weight[:80], weight[:80],
+                                                                                   1e-6, c, s)[0], q, cos, sin))  # fmt: skip
+        assert torch.equal(kn, per_row(lambda a, c, s: torch_decode_ops.norm_rotary(a, a, weight[1:81], weight[1:81],
+                                                                                   1e-6, c, s)[1], k, cos, sin))  # fmt: skip

@@ -1,0 +1,34 @@
+/* The entry points of decode_ops.c (the row operators) and attend.c (attention), for the files that call them:
+ * decode_layer.c, decode_ops_ffi.cc, and the two files themselves. Storage float32 (_f32) or bfloat16 (_bf16, as
+ * uint16_t). C and C++. */
+#ifndef DECODER_PARITY_DECODE_OPS_H
+#define DECODER_PARITY_DECODE_OPS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DECODE_OPS_DECLARE(T, S)                                                                                       \
+    void add_rms_norm_##S(const T *x, const T *residual, const T *w, T *out, T *s_out, long rows, long dim, float eps, \
+                          float offset, int float32_weight);                                                           \
+    void rotary_##S(const T *x, const float *cos, const float *sin, T *out, long rows, long heads, long d, long r);    \
+    void norm_rotary_##S(const T *q, const T *k, const T *wq, const T *wk, const float *cos, const float *sin,         \
+                         T *q_out, T *k_out, long rows, long nq, long nk, long d, long r, float eps, float offset,     \
+                         int float32_weight);                                                                          \
+    void silu_and_mul_##S(const T *x, T *out, long rows, long inter);                                                  \
+    void attend_##S##_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item, long n_kv,      \
+                           long g, long d, long keys, long mask_row, long k_head, long v_head, long v_row,             \
+                           float scale, float cap);                                                                    \
+    void attend_##S(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long steps, long n_kv, long g,    \
+                    long d, long keys, long k_head, long v_head, long v_row, float scale, float cap);
+DECODE_OPS_DECLARE(float, f32)
+DECODE_OPS_DECLARE(uint16_t, bf16)
+#undef DECODE_OPS_DECLARE
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -243,7 +243,9 @@ def test_a_prompts_rows_are_cut_over_the_threads_without_changing_a_bit(dtype):
             assert_within_tolerance(numpy(rotated), numpy(apply_rotary(q, cos, sin)), "rotary", name(dtype))
         assert torch.equal(rotated, per_row(torch_decode_ops.rotary, q, cos, sin))
         qn, kn = torch_decode_ops.norm_rotary(q, k, weight[:80], weight[1:81], 1e-6, cos, sin)
-        assert torch.equal(qn, per_row(lambda a, c, s: torch_decode_ops.norm_rotary(a, a, weight[:80], weight[:80],
-                                                                                   1e-6, c, s)[0], q, cos, sin))  # fmt: skip
-        assert torch.equal(kn, per_row(lambda a, c, s: torch_decode_ops.norm_rotary(a, a, weight[1:81], weight[1:81],
-                                                                                   1e-6, c, s)[1], k, cos, sin))  # fmt: skip
+
+        def heads_alone(w: torch.Tensor, which: int):  # one token row's heads normed with w and rotated, alone
+            return lambda a, c, s: torch_decode_ops.norm_rotary(a, a, w, w, 1e-6, c, s)[which]
+
+        assert torch.equal(qn, per_row(heads_alone(weight[:80], 0), q, cos, sin))
+        assert torch.equal(kn, per_row(heads_alone(weight[1:81], 1), k, cos, sin))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
@@ -94,6 +95,34 @@ def _kernels() -> tuple[bool, bool]:
     return jax_decode_ops.enabled(), jax_decode_layer.enabled()
 
 
+# Per model: (its pytree structure, graph definition, the state's tree structure, where each state leaf sits among
+# the model's pytree leaves), so that a later call on an unchanged model skips nnx.split.
+_SPLITS: weakref.WeakKeyDictionary[CausalLM, tuple[PyTreeDef, nnx.GraphDef, PyTreeDef, list[int]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def split_model(model: CausalLM) -> tuple[nnx.GraphDef, list[jax.Array], PyTreeDef]:
+    """nnx.split(model) as (graph definition, the state's flat leaves, their tree structure).
+
+    nnx.split walks the module graph in Python (~27 ms for a 28-layer model on these VMs), which generate would pay on
+    every call, inside the time to the first token; flattening the model as a pytree takes ~2 ms. So the split is
+    kept per model with the model's pytree structure and the state leaves' places among its leaves, and reused while
+    that structure is unchanged: a new array in a parameter (a training step, a reload) is read where it now sits,
+    and a changed structure (a layer replaced, a kernels setting changed) splits afresh."""
+    leaves, structure = jax.tree.flatten(model)
+    known = _SPLITS.get(model)
+    if known is not None and known[0] == structure:
+        _, graphdef, treedef, places = known
+        return graphdef, [leaves[i] for i in places], treedef
+    graphdef, state = nnx.split(model)
+    state_leaves, treedef = jax.tree.flatten(state)
+    place = {id(leaf): i for i, leaf in enumerate(leaves)}
+    if all(id(leaf) in place for leaf in state_leaves):  # else (a state leaf the pytree lacks): never reused
+        _SPLITS[model] = (structure, graphdef, treedef, [place[id(leaf)] for leaf in state_leaves])
+    return graphdef, state_leaves, treedef
+
+
 def step_functions(graphdef: nnx.GraphDef, treedef: PyTreeDef, params: SamplingParams) -> tuple[Callable, Callable]:
     """`_step_functions` for the kernels allowed here (`_kernels`)."""
     return _step_functions(graphdef, treedef, params, _kernels())
@@ -172,14 +201,13 @@ def generate(
     key_valid = np.zeros((batch, prompt_len + max_new_tokens), bool)  # [B, S_max]
     key_valid[:, :prompt_len] = prompts.mask.astype(bool)
     keys = jax.random.split(jax.random.key(params.seed), max_new_tokens)
-    graphdef, state = nnx.split(model)
-    leaves, treedef = jax.tree.flatten(state)
+    graphdef, leaves, treedef = split_model(model)
     steps, logits_seen = [], []
     if mesh is None:
         prefill_fn, decode_fn = compiled_steps(graphdef, treedef, params)
     else:
         steps_fns = step_functions(graphdef, treedef, params)
-        prefill_fn, decode_fn, cache = sharded_steps(mesh, steps_fns, state, cache)
+        prefill_fn, decode_fn, cache = sharded_steps(mesh, steps_fns, leaves, cache)
     # A product's first trace may time its forms: over this model's own weights, in memory already (jax_impl/linear.py).
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), linear.resident_weights(leaves):
         start = time.perf_counter()

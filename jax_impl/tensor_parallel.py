@@ -122,10 +122,9 @@ def on_mesh(mesh: Mesh, fn: Callable, *batch: np.ndarray):
         return fn(*[jax.device_put(a, rows) for a in batch])
 
 
-def sharded_steps(mesh: Mesh, steps: tuple[Callable, Callable], state: nnx.State, cache):
+def sharded_steps(mesh: Mesh, steps: tuple[Callable, Callable], leaves: list[jax.Array], cache):
     """(prefill, decode_step, cache placed on the mesh): generate.step_functions' pair, jit-compiled with
-    explicit in/out shardings. The steps take the state's flat leaves."""
-    leaves = jax.tree.leaves(state)
+    explicit in/out shardings. The steps take the state's flat leaves (`leaves`, as placed)."""
     kv = NamedSharding(mesh, P(DATA, MODEL, None, None))  # k, v [B, n_kv, ...]: every rank's kv heads
     scalar = NamedSharding(mesh, P())
     # k, v (a ring layer's too) by kv head; length, requested replicated; max_len, ring are static structure

@@ -62,3 +62,32 @@ def test_decode_steps_stay_on_the_models_device(default_dir):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.split() == ["4", "True"], result.stdout
+
+
+def test_a_models_split_is_reused_only_while_it_holds(default_dir):
+    """split_model keeps nnx.split's result per model: the same graph definition, leaves and structure as a fresh
+    split; a parameter given a new array is read from the model (the generation follows it); a changed structure
+    splits afresh."""
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jax_impl.generate import split_model
+
+    model = jax_impl.from_pretrained(default_dir)
+    for _ in range(2):  # the first call splits, the second reuses
+        graphdef, leaves, treedef = split_model(model)
+        fresh_def, state = nnx.split(model)
+        fresh, fresh_tree = jax.tree.flatten(state)
+        assert graphdef == fresh_def and treedef == fresh_tree
+        assert len(leaves) == len(fresh) and all(a is b for a, b in zip(leaves, fresh, strict=True))
+    prompt = [[5, 9, 200, 17]]
+    before = jax_impl.generate(model, prompt, 4, eos_token_ids=(), return_logits=True)
+    norm = model.model.norm.weight
+    norm[...] = jnp.zeros_like(norm[...])  # a new array in place of the final norm's weight: every logit is 0
+    assert any(leaf is norm[...] for leaf in split_model(model)[1])
+    after = jax_impl.generate(model, prompt, 4, eos_token_ids=(), return_logits=True)
+    assert np.abs(before.logits[0]).max() > 0 and np.abs(after.logits[0]).max() == 0
+    model.model.layers[0].mlp.extra = nnx.Param(jnp.ones(3))  # a new parameter: the structure changed
+    graphdef, leaves, _ = split_model(model)
+    assert graphdef == nnx.split(model)[0] and len(leaves) == len(fresh) + 1

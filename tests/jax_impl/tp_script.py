@@ -77,7 +77,7 @@ def main(directory: str, tp: int, dp: int) -> dict:
     graphdef, state = nnx.split(model)
     cache = KVCache.create(model.module_spec, dp, 16, table.dtype)
     steps = step_functions(graphdef, jax.tree.structure(state), SamplingParams())
-    _, decode, cache = tensor_parallel.sharded_steps(mesh, steps, state, cache)
+    _, decode, cache = tensor_parallel.sharded_steps(mesh, steps, jax.tree.leaves(state), cache)
     with jax.set_mesh(mesh):
         args = (
             jax.tree.leaves(state),

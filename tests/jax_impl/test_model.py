@@ -51,3 +51,25 @@ def test_load_in_bfloat16(default_dir):
     model = jax_impl.from_pretrained(default_dir, dtype="bfloat16")
     assert model([[1, 2, 3]]).dtype == jnp.bfloat16
     assert model.model.layers[0].mlp.gate_up_proj.kernel[...].shape == (64, 352)  # Flax [in, out]
+
+
+def test_rope_tables_are_cos_and_sin_of_the_doubled_angles(default_dir):
+    """The tables (each half written twice by a product, so that XLA computes them once) are, bit for bit, cos and
+    sin of [freqs, freqs] in float32, at positions up to 40959; position 0 gives cos 1 and sin 0, and a partial
+    rotary spec (GPT-NeoX's: half of each head) gives tables of its rotary width."""
+    import dataclasses
+
+    from jax_impl.rotary_embedding import RotaryEmbedding
+
+    full = spec.ModelSpec.from_pretrained(default_dir)
+    cases = [(full, 40960), (dataclasses.replace(full, partial_rotary_factor=0.5), 64)]
+    for model_spec, count in cases:
+        positions = jnp.arange(count).reshape(2, -1)  # [B, T]
+        cos, sin = jax.jit(RotaryEmbedding(model_spec))(positions)
+        freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(model_spec.inv_freq("full"))
+        angles = jnp.concatenate((freqs, freqs), axis=-1)  # [B, T, r]
+        want_cos, want_sin = jax.jit(lambda a: (jnp.cos(a), jnp.sin(a)))(angles)
+        assert cos.shape == sin.shape == angles.shape and angles.shape[-1] == model_spec.rotary_dim
+        np.testing.assert_array_equal(np.asarray(cos), np.asarray(want_cos))
+        np.testing.assert_array_equal(np.asarray(sin), np.asarray(want_sin))
+        assert float(cos[0, 0, 0]) == 1.0 and float(sin[0, 0, 0]) == 0.0

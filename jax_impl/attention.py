@@ -132,7 +132,8 @@ class Attention(nnx.Module):
             trace[f"layers.{self.layer_idx}.attn.k"] = k
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 3, 1)  # [B, n_kv, T, d], [B, n_kv, d, T]
         q = group_heads(q, n_kv)  # [B, T, n_kv, g, d]
-        if cache is not None and not cache.ring[self.layer_idx] and jax_decode_ops.takes(q, k, v):
+        kernel = cache is not None and not cache.ring[self.layer_idx] and jax_decode_ops.takes(q, k, v)
+        if kernel and t == 1:
             # A decode step on the CPU: the kernel reads the written slots [0, end) of the buffers in place.
             end = cache.length + t
             cache, k, v = cache.update(self.layer_idx, k, v, zeroed=False)  # [B, n_kv, S, d], [B, n_kv, d, S]
@@ -142,5 +143,6 @@ class Attention(nnx.Module):
                 cache, k, v = cache.update(self.layer_idx, k, v)
                 s = mask.shape[-1]  # fewer than S: a prefill from an empty cache, the later slots unwritten
                 k, v = k[:, :, :s], v[..., :s]  # [B, n_kv, s, d], [B, n_kv, d, s]
-            out = attend(q, k, v, mask, self.scale, self.softcap)  # [B, T, n_kv, g, d]
+            # a prompt on the CPU (generation's): the kernel's blocked products, the same math
+            out = (jax_decode_ops.attend if kernel else attend)(q, k, v, mask, self.scale, self.softcap)
         return self.o_proj(out.reshape(b, t, n * d)), cache  # [B, T, H]

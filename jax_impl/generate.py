@@ -69,7 +69,8 @@ def _prefill(graphdef, params: SamplingParams, state, cache: KVCache, ids, key_v
     # The cache starts empty: a full layer's slots past the prompt's T are unwritten, and attending over the T alone
     # skips their masked scores (jax_impl/attention.py takes the mask's width). A ring's slots stay as they are.
     masks = {kind: mask if kind == SLIDING else mask[..., :t] for kind, mask in masks.items()}  # [B, T, T]
-    logits, cache = model.logits(ids, default_positions(key_valid, 0, t), masks, cache, True)
+    with jax_decode_ops.prompts():  # the prompt's rows: the CPU's attention in C where it applies
+        logits, cache = model.logits(ids, default_positions(key_valid, 0, t), masks, cache, True)
     logits = logits[:, -1].astype(jnp.float32)  # [B, V]
     token, finished = _next(logits, params, key, jnp.zeros(ids.shape[0], bool), eos, model.layout.tp)
     return token, logits, cache.advance(t), finished
@@ -142,7 +143,8 @@ def _step_functions(
 
     def prefill(leaves: list[jax.Array], cache: KVCache, ids, key_valid, key, eos):
         state = jax.tree.unflatten(treedef, leaves)
-        return _prefill(graphdef, params, state, cache, ids, key_valid, key, eos)
+        with contextlib.nullcontext() if kernels[0] else jax_decode_ops.reference_only():  # as when it was keyed
+            return _prefill(graphdef, params, state, cache, ids, key_valid, key, eos)
 
     def decode_step(leaves: list[jax.Array], cache: KVCache, token, key_valid, finished, key, eos):
         state = jax.tree.unflatten(treedef, leaves)

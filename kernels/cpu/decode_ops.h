@@ -10,6 +10,8 @@
 extern "C" {
 #endif
 
+enum { kAttendBlockSteps = 16 }; /* the query steps of one attend_rows item (attend.c) */
+
 #define DECODE_OPS_DECLARE(T, S)                                                                                       \
     void add_rms_norm_##S(const T *x, const T *residual, const T *w, T *out, T *s_out, long rows, long dim, float eps, \
                           float offset, int float32_weight);                                                           \
@@ -22,7 +24,12 @@ extern "C" {
                            long g, long d, long keys, long mask_row, long k_head, long v_head, long v_row,             \
                            float scale, float cap);                                                                    \
     void attend_##S(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long steps, long n_kv, long g,    \
-                    long d, long keys, long k_head, long v_head, long v_row, float scale, float cap);
+                    long d, long keys, long k_head, long v_head, long v_row, float scale, float cap);                  \
+    void attend_rows_##S##_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item,            \
+                                long steps, long n_kv, long g, long d, long keys, long mask_row, long k_head,          \
+                                long v_head, long v_row, float scale, float cap);                                      \
+    void attend_rows_##S(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long steps, long n_kv,       \
+                           long g, long d, long keys, long k_head, long v_head, long v_row, float scale, float cap);
 DECODE_OPS_DECLARE(float, f32)
 DECODE_OPS_DECLARE(uint16_t, bf16)
 #undef DECODE_OPS_DECLARE

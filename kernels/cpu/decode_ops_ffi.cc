@@ -1,4 +1,4 @@
-// XLA FFI handler for decode_ops.c's attention over a KV cache, so that a jitted JAX decode step calls it as a
+// XLA FFI handler for attend.c's attention over a KV cache, so that a jitted JAX decode step or prompt calls it as a
 // custom call (kernels/cpu/jax_decode_ops.py registers it and checks every shape before the call).
 //
 // q [B, T, n_kv, g, d], k [B, n_kv, S, d], v [B, n_kv, d, S] (jax_impl/kv_cache.py's buffers, read in place),
@@ -6,7 +6,8 @@
 // write) -> out [B, T, n_kv, g, d] in q's dtype. Only slots [0, min(keys, S)) are read: the cache is a
 // preallocated buffer of S slots of which a decode step has filled `keys`, and a step that attended over all S
 // (the unwritten ones masked) read the whole buffer every step. Every (batch row, step, kv head) is one item of
-// attend_NAME_item, run on XLA's intra-op thread pool (Share, xla_pool.h).
+// attend_NAME_item, or for a prompt's many steps every (batch row, kv head, block of steps) one of attend_rows_NAME_item,
+// run on XLA's intra-op thread pool (Share, xla_pool.h).
 #include <algorithm>
 #include <cstdint>
 
@@ -25,7 +26,9 @@ static ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<T, 5> q, ffi::Buffer<
         return ffi::Error::InvalidArgument("decoder_parity attend: operand shapes do not agree");
     }
     const long read = std::clamp<long>(*keys.typed_data(), 0, s);  // slots past the written ones are never read
-    const long items = t * n_kv, q_row = t * n_kv * g * d;        // per batch row
+    const bool prompt = t >= 2;  // many query steps: attend.c's blocked items, each a kv head and a block of steps
+    const long items = prompt ? n_kv * ((t + kAttendBlockSteps - 1) / kAttendBlockSteps) : t * n_kv;  // per batch row
+    const long q_row = t * n_kv * g * d;
     const auto *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
     const auto *mp = reinterpret_cast<const uint8_t *>(mask.typed_data());
     auto *op = out->typed_data();
@@ -36,9 +39,17 @@ static ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<T, 5> q, ffi::Buffer<
         const uint8_t *mr = mp + r * t * s;
         auto *orow = op + r * q_row;
         if constexpr (T == ffi::F32) {
-            attend_f32_item(qr, kr, vr, mr, orow, i % items, n_kv, g, d, read, s, s * d, d * s, s, scale, cap);
+            if (prompt)
+                attend_rows_f32_item(qr, kr, vr, mr, orow, i % items, t, n_kv, g, d, read, s, s * d, d * s, s, scale,
+                                     cap);
+            else
+                attend_f32_item(qr, kr, vr, mr, orow, i % items, n_kv, g, d, read, s, s * d, d * s, s, scale, cap);
         } else {
-            attend_bf16_item(qr, kr, vr, mr, orow, i % items, n_kv, g, d, read, s, s * d, d * s, s, scale, cap);
+            if (prompt)
+                attend_rows_bf16_item(qr, kr, vr, mr, orow, i % items, t, n_kv, g, d, read, s, s * d, d * s, s, scale,
+                                      cap);
+            else
+                attend_bf16_item(qr, kr, vr, mr, orow, i % items, n_kv, g, d, read, s, s * d, d * s, s, scale, cap);
         }
     });
     return ffi::Error::Success();

@@ -1,4 +1,4 @@
-"""JAX launcher of a decode step's attention over the KV cache (kernels/cpu/decode_ops.c, bound to XLA by
+"""JAX launcher of generation's attention over the KV cache (kernels/cpu/attend.c, bound to XLA by
 decode_ops_ffi.cc): `attend(q, k, v, mask, scale, softcap, keys)`, the twin of torch_decode_ops.attend.
 
 The reference (jax_impl/attention.py's `attend`) attends over every slot of the preallocated cache, the unwritten
@@ -7,12 +7,15 @@ and the zeroing as separate passes over it, each layer. This call reads the keys
 so far (`keys`, the cache's length after the step's write) once, in place, with the same arithmetic as the
 reference (scores, softmax and the weighted sum in float32, one rounding; tests/kernels/test_jax_decode_ops.py
 holds it to the kernel tolerance table's "attention" rows). A custom call inside the jitted step
-(jax.ffi.ffi_call); not differentiable: jax_impl takes it only in generation's decode steps.
+(jax.ffi.ffi_call); not differentiable: jax_impl takes it only in generation. A prompt's many query steps run
+attend.c's blocked kernel (small matrix products, keys past a row's causal end skipped), which beats XLA's batched
+products and the transposes around them.
 
 `takes` is the rule, as torch_decode_ops' is: inside `decode_steps()` (jax_impl/generate.py enters it while it
-traces its decode step) and not `reference_only()`, one token per row, at most MAX_ROWS rows, float32 or bfloat16
-operands of one dtype, the CPU backend with no mesh, the kernel built. Both flags are read while tracing: a
-compiled step keeps what it was traced with, so generate keys its compiled steps on `enabled()`.
+traces its decode step: one token per row, at most MAX_ROWS rows) or `prompts()` (while it traces its prompt: any
+rows), not `reference_only()`, float32 or bfloat16 operands of one dtype, the CPU backend with no mesh, the kernel
+built. The flags are read while tracing: a compiled step keeps what it was traced with, so generate keys its
+compiled steps on `enabled()`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from kernels.cpu.switch import Switch
 MAX_ROWS = 8  # the most batch rows of a decode step that take the kernel (torch_decode_ops.MAX_ROWS)
 _TARGETS = {"float32": "AttendF32", "bfloat16": "AttendBF16"}
 _DECODING = Switch("jax_decode_ops.decoding")
+_PROMPT = Switch("jax_decode_ops.prompt")
 _OFF = Switch("jax_decode_ops.off")
 
 
@@ -55,8 +59,15 @@ def decode_steps() -> contextlib.AbstractContextManager[None]:
     return _DECODING.on()
 
 
+def prompts() -> contextlib.AbstractContextManager[None]:
+    """Within the block (this thread, while tracing) the layers may take the kernel for a prompt's rows:
+    jax_impl/generate.py enters it around its prompt's forward."""
+    return _PROMPT.on()
+
+
 def reference_only() -> contextlib.AbstractContextManager[None]:
-    """Within the block every layer keeps the reference, decode steps included (this thread): side-by-side runs."""
+    """Within the block every layer keeps the reference, prompts and decode steps included (this thread):
+    side-by-side runs."""
     return _OFF.on()
 
 
@@ -72,18 +83,16 @@ def decoding() -> bool:
 
 
 def takes(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
-    """Whether a layer attends with the kernel: q [B, 1, n_kv, g, d] with 0 < B <= MAX_ROWS inside `decode_steps()`
-    and not `reference_only()`, k and v of q's dtype (float32 or bfloat16), the CPU backend with no mesh (under
-    one the partitioner owns the layout), the kernel built."""
+    """Whether a layer attends with the kernel: q [B, 1, n_kv, g, d] with 0 < B <= MAX_ROWS inside `decode_steps()`,
+    or q [B, T, n_kv, g, d] inside `prompts()`, not `reference_only()`, k and v of q's dtype (float32 or bfloat16),
+    the CPU backend with no mesh (under one the partitioner owns the layout), the kernel built."""
     dtype = jnp.dtype(q.dtype)
+    step = decoding() and q.ndim == 5 and q.shape[1] == 1 and 0 < q.shape[0] <= MAX_ROWS
     return (
-        decoding()
+        (step or (_PROMPT.get() and not _OFF.get() and q.ndim == 5))
         and dtype.name in _TARGETS
         and k.dtype == dtype
         and v.dtype == dtype
-        and q.ndim == 5
-        and q.shape[1] == 1
-        and 0 < q.shape[0] <= MAX_ROWS
         and jax.default_backend() == "cpu"
         and jax.sharding.get_abstract_mesh().empty
         and available()

@@ -29,11 +29,13 @@ from kernels.cpu.switch import Switch
 from kernels.triton.reference import check_add_rms_norm_args, check_silu_and_mul_args
 
 MAX_ROWS = 8  # the most batch rows of a decode step the layers take these for (a larger batch: the reference)
+ROWS_MIN_STEPS = 2  # query steps from which `attend` runs attend.c's blocked kernel (a prompt's)
 _P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {
     "add_rms_norm": [_P, _P, _P, _P, _P, _L, _L, _F, _F, _I],
     "rotary": [_P, _P, _P, _P, _L, _L, _L, _L],
     "attend": [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F, _F],
+    "attend_rows": [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F, _F],
     "silu_and_mul": [_P, _P, _L, _L],
     "norm_rotary": [_P, _P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _L, _F, _F, _I],
 }
@@ -114,9 +116,9 @@ def takes_step(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
 
 
 def takes_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """`takes_step(q)`, with keys and values of q's dtype (a long cache too: the kernel reads it on torch's threads).
-    A prompt keeps the reference: its rows attend as matrix products, which beat the kernel's dot products there."""
-    return k.dtype is q.dtype and v.dtype is q.dtype and takes_step(q, k, v)
+    """`takes(q)`, with keys and values of q's dtype: a decode step's rows, or a prompt's (its many query steps run
+    attend.c's blocked kernel, `attend`), on torch's threads."""
+    return k.dtype is q.dtype and v.dtype is q.dtype and takes(q, k, v)
 
 
 def _refuse(op: str, problem: str) -> ValueError:
@@ -235,7 +237,8 @@ def attend(
         k, v = k.contiguous(), v.contiguous()  # the cache's own views never need this
     q, mask = q.contiguous(), mask.contiguous()
     out = torch.empty_like(q)
-    fn, cap = _functions()["attend", q.dtype], 0.0 if softcap is None else softcap
+    kernel = "attend" if t < ROWS_MIN_STEPS else "attend_rows"  # a prompt's many steps: blocks of query rows
+    fn, cap = _functions()[kernel, q.dtype], 0.0 if softcap is None else softcap
     pointers = [(t.data_ptr(), t.stride(0) * t.element_size()) for t in (q, k, v, mask, out)]
     for row in range(b):  # [T, n_kv, g, d] of one batch row: each operand's address of that row
         fn(*[start + row * step for start, step in pointers], t, n_kv, g, d, s, k.stride(1), v.stride(1), v.stride(2),

@@ -1,8 +1,8 @@
-"""kernels/cpu/decode_ops.c and attend.c through their torch launcher (torch_decode_ops.py): each operator against the
-reference it stands in for, held to the kernel tolerance table's row (odd widths, float32 and bfloat16, non-contiguous
-inputs, Gemma's and OLMo 2's norm options, soft-capping, fully masked rows, SwiGLU's exp at its float32 extremes), at a
-decode step's rows and at a prompt's (cut over the threads: each row's result that of the row alone); and errors that
-name the operand (the norm's: its reference's own). When the layers take them: test_cpu_decode_ops_rule.py.
+"""kernels/cpu/decode_ops.c through its torch launcher (torch_decode_ops.py): each row operator against the reference it
+stands in for, held to the kernel tolerance table's row (odd widths, float32 and bfloat16, non-contiguous inputs,
+Gemma's and OLMo 2's norm options, SwiGLU's exp at its float32 extremes), at a decode step's rows and at a prompt's (cut
+over the threads: each row's result that of the row alone); and errors that name the operand (the norm's: its
+reference's own). The attention (attend.c): test_cpu_attend.py; when the layers take them: test_cpu_decode_ops_rule.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import torch
 from kernels.cpu import build, torch_decode_ops
 from kernels.triton.reference import add_rms_norm_reference, silu_and_mul_reference
 from tests.kernels.tolerances import assert_within_tolerance
-from torch_impl.attention import attend
 from torch_impl.rotary_embedding import apply_rotary
 
 CAN_BUILD = build._unsupported() is None  # x86-64 with AVX2 and FMA, and a C compiler: every CI machine
@@ -142,42 +141,6 @@ def test_norm_rotary_known_answer():
         q, k = torch_decode_ops.norm_rotary(x, x, torch.ones(2), torch.ones(2), 1e-12, cos, sin)
     np.testing.assert_allclose(q.numpy()[0, 0, 0], [-1.1314, 0.8485], atol=1e-4)
     assert torch.equal(q, k)
-
-
-def cache_views(b: int, n_kv: int, d: int, keys: int, dtype: torch.dtype, seed: int):
-    """Keys [B, n_kv, S, d] and values [B, n_kv, d, S] as the KV cache hands them out: views of longer buffers."""
-    k = randn(b, n_kv, keys + 5, d, dtype=dtype, seed=seed, scale=2.0)
-    v = randn(b, n_kv, d, keys + 5, dtype=dtype, seed=seed + 1, scale=2.0)
-    return k.narrow(2, 0, keys), v.narrow(3, 0, keys)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("b", "n_kv", "groups", "d", "keys"), [(1, 8, 2, 128, 25), (2, 3, 1, 7, 1), (3, 2, 3, 20, 37)])
-@pytest.mark.parametrize("softcap", [None, 30.0])
-def test_attention_matches_the_reference(dtype, b, n_kv, groups, d, keys, softcap):
-    q = randn(b, 1, n_kv, groups, d, dtype=dtype, seed=keys, scale=2.0)
-    k, v = cache_views(b, n_kv, d, keys, dtype, seed=d)
-    mask = torch.rand(b, 1, keys, generator=torch.Generator().manual_seed(keys)) > 0.3
-    mask[:, :, 0] = True
-    with torch.inference_mode():
-        out = torch_decode_ops.attend(q, k, v, mask, d**-0.5, softcap)
-        with torch_decode_ops.reference_only():
-            ref = attend(q, k, v, mask, d**-0.5, softcap)
-    assert out.shape == q.shape and out.dtype == dtype
-    assert_within_tolerance(numpy(out), numpy(ref), "attention", name(dtype))
-
-
-def test_a_fully_masked_row_is_the_references_uniform_mean_not_nan():
-    q = randn(2, 1, 2, 2, 16, dtype=torch.float32, seed=0)
-    k, v = cache_views(2, 2, 16, 9, torch.float32, seed=1)
-    mask = torch.ones(2, 1, 9, dtype=torch.bool)
-    mask[1] = False  # a padding row: nothing to attend to
-    with torch.inference_mode():
-        out = torch_decode_ops.attend(q, k, v, mask, 0.25)
-        with torch_decode_ops.reference_only():
-            ref = attend(q, k, v, mask, 0.25)
-    assert torch.isfinite(out).all()
-    assert_within_tolerance(numpy(out), numpy(ref), "attention", "float32")
 
 
 def test_bad_operands_name_the_problem():

@@ -65,9 +65,9 @@ def test_a_norm_that_needs_a_gradient_keeps_autograd():
     assert out.grad_fn is not None and new.grad_fn is not None
 
 
-def test_a_prompt_takes_the_row_operators_but_not_the_attention():
-    """Inside `prompts()`: any number of token rows and batch rows take the row operators (`takes`); the attention
-    and the one-call layer (`takes_step`) stay a decode step's, and the other conditions hold as in decode steps."""
+def test_a_prompt_takes_the_operators_but_not_the_one_call_layer():
+    """Inside `prompts()`: any number of token rows and batch rows take the row operators (`takes`) and the attention;
+    the one-call layer (`takes_step`) stays a decode step's, and the other conditions hold as in decode steps."""
     prompt, step = torch.zeros(3, 17, 64), torch.zeros(2, 1, 64)
     k, v = torch.zeros(3, 2, 17, 8), torch.zeros(3, 2, 8, 17)
     with torch.inference_mode():
@@ -76,7 +76,8 @@ def test_a_prompt_takes_the_row_operators_but_not_the_attention():
             assert torch_decode_ops.takes(prompt) and torch_decode_ops.takes(step)
             assert torch_decode_ops.takes(torch.zeros(torch_decode_ops.MAX_ROWS + 1, 5, 64))  # any batch
             assert not torch_decode_ops.takes_step(prompt) and not torch_decode_ops.takes_step(step)
-            assert not torch_decode_ops.takes_attention(torch.zeros(3, 17, 2, 2, 8), k, v)
+            assert torch_decode_ops.takes_attention(torch.zeros(3, 17, 2, 2, 8), k, v)
+            assert not torch_decode_ops.takes_attention(torch.zeros(3, 17, 2, 2, 8), k.bfloat16(), v)
             assert not torch_decode_ops.takes(prompt.half())
             with torch_decode_ops.reference_only():
                 assert not torch_decode_ops.takes(prompt)
@@ -94,7 +95,7 @@ def test_generation_through_the_kernels_equals_the_reference(tmp_path):
 
     model = torch_impl.from_pretrained(spec.default_checkpoint(tmp_path))
     prompt = [[5, 9, 200, 17], [3, 1, 4, 1]]
-    calls = {"attend": 0, "silu_and_mul": 0, "norm_rotary": 0}
+    calls = {"attend": 0, "attend_rows": 0, "silu_and_mul": 0, "norm_rotary": 0}
     table = torch_decode_ops._functions()
     launches = {op: table[op, torch.float32] for op in calls}
 
@@ -113,7 +114,8 @@ def test_generation_through_the_kernels_equals_the_reference(tmp_path):
     with torch_decode_ops.reference_only():
         ref = torch_impl.generate(model, prompt, 8, eos_token_ids=(), return_logits=True)
     layers = model.spec.num_hidden_layers
-    assert calls["attend"] == 7 * layers * len(prompt)  # 7 decode steps, every layer, each row (not the prompt)
+    assert calls["attend"] == 7 * layers * len(prompt)  # 7 decode steps, every layer, each row
+    assert calls["attend_rows"] == layers * len(prompt)  # the prompt's steps: attend.c's blocked kernel
     assert calls["silu_and_mul"] == 8 * layers  # one call for the prompt's or a step's rows
     assert model.spec.qk_norm and calls["norm_rotary"] == 8 * layers  # the q/k norms and RoPE: one call
     # the suite's rule for greedy runs of two correct float32 paths: identical tokens, except from a near-tie on

@@ -1,9 +1,9 @@
-"""kernels/cpu/decode_ops.c's attention through its JAX launcher (jax_decode_ops.py, XLA FFI in decode_ops_ffi.cc):
-against jax_impl.attention.attend, the reference it stands in for at a decode step, held to the kernel tolerance
-table's "attention" rows (odd head widths, float32 and bfloat16, several batch rows, soft-capping, slots past the
-written ones holding NaN that must never be read, a fully masked row); the rule that decides when jax_impl takes it
-(generation's decode steps only, read while tracing); a whole decode through it against the same decode on the
-reference; and errors that name the operands.
+"""kernels/cpu/attend.c's attention through its JAX launcher (jax_decode_ops.py, XLA FFI in decode_ops_ffi.cc):
+against jax_impl.attention.attend, the reference it stands in for in a decode step and a prompt, held to the kernel
+tolerance table's "attention" rows (odd head widths, float32 and bfloat16, several batch rows, soft-capping, slots past
+the written ones holding NaN that must never be read, a fully masked row, causal prompts); the rule that decides when
+jax_impl takes it (generation's decode steps and prompt only, read while tracing); a whole generation through it
+against the same generation on the reference; and errors that name the operands.
 """
 
 from __future__ import annotations
@@ -100,6 +100,33 @@ def test_the_rule_takes_generations_decode_steps_only():
     assert jax_decode_ops.enabled()
 
 
+def test_a_prompt_takes_the_kernel_at_any_length():
+    """Inside `prompts()`: any rows and steps; the other conditions as in decode steps."""
+    q, k, v = jnp.zeros((9, 17, 2, 2, 8)), jnp.zeros((9, 2, 17, 8)), jnp.zeros((9, 2, 8, 17))
+    assert not jax_decode_ops.takes(q, k, v)
+    with jax_decode_ops.prompts():
+        assert jax_decode_ops.takes(q, k, v)
+        assert not jax_decode_ops.takes(q, k.astype(jnp.bfloat16), v)
+        with jax_decode_ops.reference_only():
+            assert not jax_decode_ops.takes(q, k, v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("b", "t", "n_kv", "g", "d"), [(1, 128, 8, 2, 128), (2, 37, 3, 3, 20), (1, 17, 2, 8, 7)])
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_a_prompts_attention_matches_the_reference(dtype, b, t, n_kv, g, d, softcap):
+    """A causal prompt (the second row left-padded by two slots) through the blocked kernel, as the prefill hands it
+    over: keys and values of the prompt's own t slots."""
+    q = randn(b, t, n_kv, g, d, dtype=dtype, seed=t)
+    k, v = randn(b, n_kv, t, d, dtype=dtype, seed=t + 1), randn(b, n_kv, d, t, dtype=dtype, seed=t + 2)
+    mask = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0)
+    mask = mask.at[1:, :, :2].set(False) if b > 1 else mask
+    out = jax.jit(lambda *a: jax_decode_ops.attend(*a, d**-0.5, softcap))(q, k, v, mask)
+    ref = attend(q, k, v, mask, d**-0.5, softcap)
+    assert out.shape == q.shape and bool(jnp.isfinite(out.astype(jnp.float32)).all())
+    assert_within_tolerance(np.asarray(out, np.float32), np.asarray(ref, np.float32), "attention", dtype)
+
+
 def test_bad_operands_name_the_problem():
     q, k, v = jnp.zeros((1, 1, 2, 1, 8)), jnp.zeros((1, 2, 3, 8)), jnp.zeros((1, 2, 8, 3))
     with pytest.raises(ValueError, match=r"mask \[B, T, S\] bool; got .*mask \(1, 1, 3\) float32"):
@@ -132,8 +159,8 @@ def test_the_cache_hands_out_its_buffers_unzeroed_on_full_layers_only():
 def test_generation_through_the_kernel_equals_the_reference(tmp_path, monkeypatch):
     """The default checkpoint decoded greedily, float32, two rows of different prompt lengths (left padding): the
     same tokens (up to a near-tie, tests/greedy.py), and every step's logits within the float32 parity bound of the
-    decode kept on the reference. The kernel is traced into the decode step once per layer, and not at all under
-    reference_only(), which compiles a step of its own."""
+    generation kept on the reference. The kernel is traced into the prompt and the decode step once per layer each,
+    and not at all under reference_only(), which compiles steps of its own."""
     from parity.tolerances import TOLERANCES
 
     model = jax_impl.from_pretrained(spec.default_checkpoint(tmp_path))
@@ -142,10 +169,10 @@ def test_generation_through_the_kernel_equals_the_reference(tmp_path, monkeypatc
     launch = jax_decode_ops.attend
     monkeypatch.setattr(jax_decode_ops, "attend", lambda *a, **kw: traced.append(1) or launch(*a, **kw))
     fast = jax_impl.generate(model, prompt, 8, eos_token_ids=(), return_logits=True)
-    assert len(traced) == model.spec.num_hidden_layers  # one trace of the decode step, every layer
+    assert len(traced) == 2 * model.spec.num_hidden_layers  # one trace of the prompt and the step, every layer
     with jax_decode_ops.reference_only():
         ref = jax_impl.generate(model, prompt, 8, eos_token_ids=(), return_logits=True)
-    assert len(traced) == model.spec.num_hidden_layers
+    assert len(traced) == 2 * model.spec.num_hidden_layers
     assert_same_greedy({"reference": ref.tokens, "kernel": fast.tokens}, ref.logits)
     differs = np.flatnonzero((np.array(ref.tokens) != np.array(fast.tokens)).any(axis=0))
     agree = int(differs[0]) if differs.size else len(ref.logits)  # the steps fed the same tokens

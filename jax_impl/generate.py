@@ -106,8 +106,8 @@ _SPLITS: weakref.WeakKeyDictionary[CausalLM, tuple[PyTreeDef, nnx.GraphDef, PyTr
 def split_model(model: CausalLM) -> tuple[nnx.GraphDef, list[jax.Array], PyTreeDef]:
     """nnx.split(model) as (graph definition, the state's flat leaves, their tree structure).
 
-    nnx.split walks the module graph in Python (~27 ms for a 28-layer model on these VMs), which generate would pay on
-    every call, inside the time to the first token; flattening the model as a pytree takes ~2 ms. So the split is
+    nnx.split walks the module graph in Python, which generate would pay on every call, inside the time to the first
+    token; flattening the model as a pytree is an order of magnitude cheaper (docs/benchmarks.md). So the split is
     kept per model with the model's pytree structure and the state leaves' places among its leaves, and reused while
     that structure is unchanged: a new array in a parameter (a training step, a reload) is read where it now sits,
     and a changed structure (a layer replaced, a kernels setting changed) splits afresh."""

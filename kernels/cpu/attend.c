@@ -65,6 +65,12 @@ static void softmax_tail(float *p, long n, float top) {
  * halves the work. A fully masked row attends over every key with equal weights, as the reference does. */
 static long allowed_end(const uint8_t *mt, long keys) {
     long hi = keys;
+    for (; hi >= 32; hi -= 32) { /* 32 mask bytes at a time from the end: a prompt's early rows mask most keys */
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(mt + hi - 32));
+        const __m256i zero = _mm256_cmpeq_epi8(bytes, _mm256_setzero_si256());
+        const unsigned allowed = ~(unsigned)_mm256_movemask_epi8(zero); /* bit j: byte hi - 32 + j allowed */
+        if (allowed) return hi - 32 + (32 - __builtin_clz(allowed));
+    }
     while (hi > 0 && !mt[hi - 1]) hi--;
     return hi ? hi : keys;
 }
@@ -79,7 +85,8 @@ static void softmax_row(float *p, const uint8_t *mt, long hi, float scale, float
     if (cap <= 0.0f)
         for (; s + 8 <= hi; s += 8) {
             const __m128i m8 = _mm_loadl_epi64((const __m128i *)(mt + s)); /* 8 mask bytes -> 8 lanes, 0: masked */
-            const __m256 masked = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(m8), _mm256_setzero_si256()));
+            const __m256i zero = _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(m8), _mm256_setzero_si256());
+            const __m256 masked = _mm256_castsi256_ps(zero);
             const __m256 x = _mm256_blendv_ps(_mm256_mul_ps(_mm256_loadu_ps(p + s), sc), lowest, masked);
             _mm256_storeu_ps(p + s, x);
             top8 = _mm256_max_ps(top8, x);
@@ -145,7 +152,10 @@ DEFINE_ATTEND(attend_bf16, uint16_t, ld_bf16, dots8_bf16, st_bf16)
 /* r[0..8) as an 8 x 8 matrix of float32, transposed in place (r[c] lane u <- r[u] lane c). */
 static inline void transpose8(__m256 r[8]) {
     __m256 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
     for (int i = 0; i < 8; i += 4) {
         u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44), u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
         u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44), u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
@@ -203,7 +213,7 @@ static inline void rows4x16(const float *a0, const float *a1, const float *a2, c
         for (long r = 0; r < m; r++) { /* query row r = (t - t0) * g + j */                                            \
             const long t = t0 + r / g;                                                                                 \
             for (long i = 0; i < d; i++) qf[r * d + i] = ld_##S(q + ((t * n_kv + kv) * g + r % g) * d, i);             \
-            end[r] = allowed_end(mask + t * mask_row, keys);                                                           \
+            end[r] = r % g ? end[r - 1] : allowed_end(mask + t * mask_row, keys); /* a step's g rows: one mask */      \
             top = end[r] > top ? end[r] : top;                                                                         \
         }                                                                                                              \
         __m256 x[8];                                                                                                   \
@@ -217,7 +227,7 @@ static inline void rows4x16(const float *a0, const float *a1, const float *a2, c
                     transpose8(x);                                                                                     \
                     for (long c = 0; c < n; c++) _mm256_storeu_ps(kt + (i0 + c) * KEY_BLOCK + h, x[c]);                \
                 }                                                                                                      \
-            for (long r = 0; r < m; r += ROW_GROUP) { /* scores of rows r .. r + 3 for the block: kt is [d, 16] */      \
+            for (long r = 0; r < m; r += ROW_GROUP) { /* scores of rows r .. r + 3 for the block: kt is [d, 16] */     \
                 const float *a[ROW_GROUP];                                                                             \
                 float *o[ROW_GROUP];                                                                                   \
                 for (long u = 0; u < ROW_GROUP; u++) { /* past the last row: its query again, the sums dropped */      \
@@ -232,7 +242,7 @@ static inline void rows4x16(const float *a0, const float *a1, const float *a2, c
             softmax_row(pr, mask + (t0 + r / g) * mask_row, end[r], scale, cap);                                       \
             memset(pr + end[r], 0, sizeof(float) * (top - end[r])); /* weighs nothing up to its group's end */         \
         }                                                                                                              \
-        for (long s0 = 0; s0 < top; s0 += 8) /* values^T: vt[s][i] = v[i][s], zero past d */                          \
+        for (long s0 = 0; s0 < top; s0 += 8) /* values^T: vt[s][i] = v[i][s], zero past d */                           \
             for (long i0 = 0; i0 < dp; i0 += 8) {                                                                      \
                 const long n = top - s0 < 8 ? top - s0 : 8;                                                            \
                 for (long c = 0; c < 8; c++)                                                                           \
@@ -253,7 +263,8 @@ static inline void rows4x16(const float *a0, const float *a1, const float *a2, c
                 const long n = d - i0 < 16 ? d - i0 : 16;                                                              \
                 for (long u = 0; u < ROW_GROUP && r + u < m; u++) {                                                    \
                     T *o = out + ((t0 + (r + u) / g) * n_kv + kv) * g * d + (r + u) % g * d + i0;                      \
-                    for (long c = 0; c < n; c += 8) stpart8_##S(o + c, _mm256_loadu_ps(spare + u * 16 + c), n - c < 8 ? n - c : 8); \
+                    for (long c = 0; c < n; c += 8)                                                                    \
+                        stpart8_##S(o + c, _mm256_loadu_ps(spare + u * 16 + c), n - c < 8 ? n - c : 8);                \
                 }                                                                                                      \
             }                                                                                                          \
         }                                                                                                              \

@@ -6,8 +6,8 @@
 // write) -> out [B, T, n_kv, g, d] in q's dtype. Only slots [0, min(keys, S)) are read: the cache is a
 // preallocated buffer of S slots of which a decode step has filled `keys`, and a step that attended over all S
 // (the unwritten ones masked) read the whole buffer every step. Every (batch row, step, kv head) is one item of
-// attend_NAME_item, or for a prompt's many steps every (batch row, kv head, block of steps) one of attend_rows_NAME_item,
-// run on XLA's intra-op thread pool (Share, xla_pool.h).
+// attend_NAME_item, or for a prompt's many steps every (batch row, kv head, block of steps) one of
+// attend_rows_NAME_item, run on XLA's intra-op thread pool (Share, xla_pool.h).
 #include <algorithm>
 #include <cstdint>
 

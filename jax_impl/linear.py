@@ -49,7 +49,7 @@ from spec.path_choice import PathChoice
 # The first a key offers is its default, which another form replaces only by beating it in every timed round: the
 # project's kernel where one applies -- the few-row one (it reads each weight once, in its stored layout), the many-row
 # one (its timed passes vary far less than XLA's dot's on a prompt's product, so that with the dot as the default a dot
-# slower on the median kept keys by winning one round: docs/design.md) -- else the single dot.
+# slower on the median kept keys by winning one round: docs/design.md, "The kernels") -- else the single dot.
 PATHS = PathChoice("jax_impl.linear", ("gemv", "gemm", "dot", "split", "pad"))
 CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight (a decode step's); more are compute-bound
 TIMED_MAX_ROWS = 256  # a compute-bound key is timed at no more rows than this

@@ -47,7 +47,7 @@ class RotaryEmbedding(nnx.Module):
         # cos and sin of the angles [freqs, freqs], each half written twice by a product with [I I]: exact (every
         # output is one value times 1 plus products with 0). Written as cos(concatenate(...)), XLA:CPU fuses the
         # cos and sin into each consumer and evaluates them again for every head of every layer's q and k
-        # (docs/design.md, "XLA and the RoPE tables"); a product's result is computed once.
+        # (docs/design.md, "The kernels"); a product's result is computed once.
         eye = jnp.eye(freqs.shape[-1], dtype=jnp.float32)
         twice = jnp.concatenate((eye, eye), axis=1)  # [r/2, r]
         cos, sin = jnp.einsum("cbtf,fr->cbtr", halves, twice, precision=jax.lax.Precision.HIGHEST)  # [B, T, r] each

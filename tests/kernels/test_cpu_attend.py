@@ -7,29 +7,16 @@ masked rows, step counts that are not a multiple of the kernel's block of 16.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from kernels.cpu import build, torch_decode_ops
+from tests.kernels.cpu_operands import DTYPES, name, numpy, randn
 from tests.kernels.tolerances import assert_within_tolerance
 from torch_impl.attention import attend
 
 CAN_BUILD = build._unsupported() is None  # x86-64 with AVX2 and FMA, and a C compiler: every CI machine
 pytestmark = pytest.mark.skipif(not CAN_BUILD, reason=f"the CPU kernels cannot be built here: {build._unsupported()}")
-DTYPES = [torch.float32, torch.bfloat16]
-
-
-def name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
-
-
-def numpy(t: torch.Tensor) -> np.ndarray:
-    return t.float().numpy()
 
 
 def cache_views(b: int, n_kv: int, d: int, keys: int, dtype: torch.dtype, seed: int):

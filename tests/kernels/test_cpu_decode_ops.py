@@ -13,25 +13,13 @@ import torch
 
 from kernels.cpu import build, torch_decode_ops
 from kernels.triton.reference import add_rms_norm_reference, silu_and_mul_reference
+from tests.kernels.cpu_operands import DTYPES, name, numpy, randn
 from tests.kernels.tolerances import assert_within_tolerance
 from torch_impl.rotary_embedding import apply_rotary
 
 CAN_BUILD = build._unsupported() is None  # x86-64 with AVX2 and FMA, and a C compiler: every CI machine
 pytestmark = pytest.mark.skipif(not CAN_BUILD, reason=f"the CPU kernels cannot be built here: {build._unsupported()}")
-DTYPES = [torch.float32, torch.bfloat16]
 NORM_OPTIONS = [{}, {"offset": 1.0}, {"float32_weight": True}, {"offset": 1.0, "float32_weight": True}]
-
-
-def name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
-
-
-def numpy(t: torch.Tensor) -> np.ndarray:
-    return t.float().numpy()
 
 
 def test_the_kernels_build_where_they_can():

@@ -119,7 +119,9 @@ def split_model(model: CausalLM) -> tuple[nnx.GraphDef, list[jax.Array], PyTreeD
     graphdef, state = nnx.split(model)
     state_leaves, treedef = jax.tree.flatten(state)
     place = {id(leaf): i for i, leaf in enumerate(leaves)}
-    if all(id(leaf) in place for leaf in state_leaves):  # else (a state leaf the pytree lacks): never reused
+    # kept only where every state leaf is one pytree leaf of its own: an array held twice (a Variable shared by two
+    # modules, or one array in two Variables) would be read from one place after the other changed
+    if len(place) == len(leaves) and all(id(leaf) in place for leaf in state_leaves):
         _SPLITS[model] = (structure, graphdef, treedef, [place[id(leaf)] for leaf in state_leaves])
     return graphdef, state_leaves, treedef
 

@@ -6,7 +6,7 @@ apply_rotary, torch_impl/attention.py's attend): the same arguments, shapes, dty
 In eager PyTorch each of these is 5-10 operators, each a pass over its rows through float32 temporaries: at a decode
 step's few token rows the dispatches are the cost (a few microseconds each on a few thousand elements), at a prompt's
 hundreds of rows the passes are (a bfloat16 add+RMSNorm is seven of them). torch_impl's layers call one of these
-instead where the rule holds (`takes`, and `takes_step` for what only a decode step takes: the attention, the one-call
+instead where the rule holds (`takes`, and `takes_step` for what only a decode step takes: decode_layer.c's one-call
 layer), a rule rather than a measurement: one call against several of the same arithmetic, on the same threads where
 there are any to use (a call over enough rows runs on torch's OpenMP team), which no processor turns around
 (benchmarks/cpu_decode.py measures the step with and without them). Only torch_impl's generation opts in
@@ -68,8 +68,8 @@ def decode_steps() -> contextlib.AbstractContextManager[None]:
 
 
 def prompts() -> contextlib.AbstractContextManager[None]:
-    """Within the block (this thread) the layers may take the row operators (`takes`) for any number of token rows:
-    torch_impl/generate.py enters it for its prompt's forward."""
+    """Within the block (this thread) the layers may take these operators (`takes`, the attention's blocked kernel
+    included) for any number of token rows: torch_impl/generate.py enters it for its prompt's forward."""
     return _PROMPT.on()
 
 
@@ -110,8 +110,8 @@ def takes(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
 
 
 def takes_step(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
-    """`takes`, for what only a decode step's rows take (the attention, decode_layer.c's one call): inside
-    `decode_steps()`, one token per row (T = 1) and at most MAX_ROWS rows."""
+    """`takes`, for what only a decode step's rows take (decode_layer.c's one call): inside `decode_steps()`, one
+    token per row (T = 1) and at most MAX_ROWS rows."""
     return _DECODING.get() and _step_rows(x) and _plain(x, operands)
 
 

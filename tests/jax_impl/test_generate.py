@@ -91,3 +91,9 @@ def test_a_models_split_is_reused_only_while_it_holds(default_dir):
     model.model.layers[0].mlp.extra = nnx.Param(jnp.ones(3))  # a new parameter: the structure changed
     graphdef, leaves, _ = split_model(model)
     assert graphdef == nnx.split(model)[0] and len(leaves) == len(fresh) + 1
+    first = model.model.layers[0].input_layernorm.weight
+    first[...] = norm[...]  # one array in two Variables: not kept, so replacing one of them is still seen
+    split_model(model)
+    norm[...] = jnp.ones_like(norm[...])
+    leaves = split_model(model)[1]
+    assert any(leaf is norm[...] for leaf in leaves) and any(leaf is first[...] for leaf in leaves)

@@ -92,7 +92,8 @@ def test_a_models_split_is_reused_only_while_it_holds(default_dir):
     graphdef, leaves, _ = split_model(model)
     assert graphdef == nnx.split(model)[0] and len(leaves) == len(fresh) + 1
     first = model.model.layers[0].input_layernorm.weight
-    first[...] = norm[...]  # one array in two Variables: not kept, so replacing one of them is still seen
+    first[...] = norm[...]  # one array in two Variables when the model is split again: that split is not kept,
+    model.model.layers[0].mlp.more = nnx.Param(jnp.ones(2))  # so replacing one of them afterwards is still seen
     split_model(model)
     norm[...] = jnp.ones_like(norm[...])
     leaves = split_model(model)[1]

@@ -37,8 +37,8 @@ C_FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC", "
 CXX_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-std=c++17")
 REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what gemv.c is compiled for
 SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they include, all hashed into its name
-    "gemv": ("gemv.c", "gemv_avx512.c", "gemv.h", "gemv_loops.h"),
-    "gemv_xla": ("gemv.c", "gemv_avx512.c", "gemv_ffi.cc", "gemv.h", "gemv_loops.h", "xla_pool.h"),
+    "gemv": ("gemv.c", "gemv_avx512.c", "gemv.h", "gemv_loops.h", "bf16.h"),
+    "gemv_xla": ("gemv.c", "gemv_avx512.c", "gemv_ffi.cc", "gemv.h", "gemv_loops.h", "xla_pool.h", "bf16.h"),
     "decode_ops": ("decode_ops.c", "attend.c", "decode_ops.h", "vec8.h", "bf16.h"),
     "decode_ops_xla": (
         "decode_ops.c",

@@ -29,14 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bf16.h"
 #include "decode_ops.h"
 #include "gemv.h"
-
-static inline float widen_f32(float v) { return v; }
-static inline float widen_bf16(uint16_t h) { return bf16_to_f32(h); }
-static inline float narrow_f32(float f) { return f; }
-static inline uint16_t narrow_bf16(float f) { return f32_to_bf16(f); } /* decode_ops.c's rounding, from bf16.h */
+#include "vec8.h" /* ld_NAME / st_NAME: decode_ops.c's widening and rounding */
 
 /* One product of a phase: y = x32 W + b in float32 (cols: through partials), then rounded to dst. */
 typedef struct {
@@ -121,7 +116,7 @@ void decode_layer_end(Scratch *s) {
         return 1;                                                                                                      \
     }                                                                                                                  \
     static void widen_rows_##S(const T *src, float *dst, long n) {                                                     \
-        for (long i = 0; i < n; i++) dst[i] = widen_##S(src[i]);                                                       \
+        for (long i = 0; i < n; i++) dst[i] = ld_##S(src, i);                                                          \
     }                                                                                                                  \
     /* a product's part, or its finish: the part's span of columns summed (cols) and rounded to T, every row */        \
     static void product_##S(const DecodeLayer *L, const Scratch *s, long phase, long item, long parts) {               \
@@ -137,7 +132,7 @@ void decode_layer_end(Scratch *s) {
         if (L->cols) gemv_cols_reduce_part(p->partials, p->b, p->y, m, p->in, p->out, part, parts);                    \
         const long lo = p->out * part / parts, hi = p->out * (part + 1) / parts; /* gemv.c's span */                   \
         for (long r = 0; r < m; r++)                                                                                   \
-            for (long j = lo; j < hi; j++) ((T *)p->dst)[r * p->out + j] = narrow_##S(p->y[r * p->out + j]);           \
+            for (long j = lo; j < hi; j++) st_##S((T *)p->dst, r * p->out + j, p->y[r * p->out + j]);                  \
     }                                                                                                                  \
     void decode_layer_##S##_item(const DecodeLayer *L, const Scratch *s, long phase, long item, long parts) {          \
         const long m = L->rows, H = L->hidden, d = L->head_dim, nq = L->heads * d, nk = L->kv_heads * d;               \

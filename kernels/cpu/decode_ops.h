@@ -10,7 +10,9 @@
 extern "C" {
 #endif
 
-enum { kAttendBlockSteps = 16 }; /* the query steps of one attend_rows item (attend.c) */
+/* the query steps of one attend_rows item (attend.c), and from how many a call's steps take attend_rows (the FFI;
+ * kernels/cpu/torch_decode_ops.py's ROWS_MIN_STEPS is the same number) */
+enum { kAttendBlockSteps = 16, kAttendRowsMinSteps = 2 };
 
 #define DECODE_OPS_DECLARE(T, S)                                                                                       \
     void add_rms_norm_##S(const T *x, const T *residual, const T *w, T *out, T *s_out, long rows, long dim, float eps, \

@@ -26,7 +26,7 @@ static ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<T, 5> q, ffi::Buffer<
         return ffi::Error::InvalidArgument("decoder_parity attend: operand shapes do not agree");
     }
     const long read = std::clamp<long>(*keys.typed_data(), 0, s);  // slots past the written ones are never read
-    const bool prompt = t >= 2;  // many query steps: attend.c's blocked items, each a kv head and a block of steps
+    const bool prompt = t >= kAttendRowsMinSteps;  // many steps: attend.c's blocked items (a kv head, a block of steps)
     const long items = prompt ? n_kv * ((t + kAttendBlockSteps - 1) / kAttendBlockSteps) : t * n_kv;  // per batch row
     const long q_row = t * n_kv * g * d;
     const auto *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();

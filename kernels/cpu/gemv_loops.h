@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "bf16.h"
 #include "gemv.h"
 
 enum { ROW_TILE = 4, MAX_ROWS = 8, RUN_BYTES = 256 << 10 };
@@ -27,15 +28,9 @@ static inline void span(long n, long part, long parts, long *lo, long *hi) {
 
 /* 8 weights as float32: a plain load, or 8 bfloat16 widened (bf16 is the top half of a float32). */
 static inline __m256 load8_f32(const float *w) { return _mm256_loadu_ps(w); }
-static inline __m256 load8_bf16(const uint16_t *w) {
-    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
+static inline __m256 load8_bf16(const uint16_t *w) { return bf16x8_to_f32(_mm_loadu_si128((const __m128i *)w)); }
 static inline float load1_f32(const float *w) { return *w; }
-static inline float load1_bf16(const uint16_t *w) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)*w << 16};
-    return v.f;
-}
+static inline float load1_bf16(const uint16_t *w) { return bf16_to_f32(*w); }
 
 /* The rows layout (a function body over x, w, b, y, m, in, out, part, parts): the part's output rows in blocks of
  * ROW_TILE runs, output row o[t] of each run (-1 past the block's end: its stream repeats run 0's row and its sum is

@@ -29,7 +29,7 @@ from kernels.cpu.switch import Switch
 from kernels.triton.reference import check_add_rms_norm_args, check_silu_and_mul_args
 
 MAX_ROWS = 8  # the most batch rows of a decode step the layers take these for (a larger batch: the reference)
-ROWS_MIN_STEPS = 2  # query steps from which `attend` runs attend.c's blocked kernel (a prompt's)
+ROWS_MIN_STEPS = 2  # steps from which `attend` runs attend.c's blocked kernel: decode_ops.h's kAttendRowsMinSteps
 _P, _L, _F, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {
     "add_rms_norm": [_P, _P, _P, _P, _P, _L, _L, _F, _F, _I],

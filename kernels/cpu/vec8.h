@@ -13,8 +13,6 @@ static inline float ld_f32(const float *p, long i) { return p[i]; }
 static inline float ld_bf16(const uint16_t *p, long i) { return bf16_to_f32(p[i]); }
 static inline void st_f32(float *p, long i, float v) { p[i] = v; }
 static inline void st_bf16(uint16_t *p, long i, float v) { p[i] = f32_to_bf16(v); }
-static inline float rnd_f32(float v) { return v; }
-static inline float rnd_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 
 static inline __m256 ld8_f32(const float *p) { return _mm256_loadu_ps(p); }
 static inline __m256 ld8_bf16(const uint16_t *p) { return bf16x8_to_f32(_mm_loadu_si128((const __m128i *)p)); }

@@ -73,6 +73,7 @@ class DecoderLayer(nn.Module):
         # the layers decode_layer.c computes; the rest of the rule is asked per step
         self.one_call = decode_layer_operands.computes(spec, layer_idx) and kernels == "reference" and tp == 1
         self._gemv_known: dict[tuple[int, torch.dtype], tuple[int, bool]] = {}  # (rows, dtype): (PATHS.version, ok)
+        self._one_call_prepared: torch_decode_layer.LayerCall | None = None  # the last step's, kept while it stands
 
     def forward(
         self,
@@ -145,6 +146,21 @@ class DecoderLayer(nn.Module):
             self._gemv_known[key] = (version, ok)
         return ok
 
+    def prepared_step(self, hidden: torch.Tensor, cache: KVCache) -> torch_decode_layer.LayerCall | None:
+        """This layer's decode step of `hidden` as the LayerCall an earlier step laid out, where the rule takes the
+        step and that call still stands for the layer's weights and cache; None otherwise (the layer's own forward
+        then runs it). Model runs a stack of such calls at once (torch_decode_layer.LayerStack)."""
+        call = self._one_call_prepared
+        if call is None or not call.laid_out or cache.length >= cache.max_len:  # a full cache: forward refuses it
+            return None
+        if not self.one_call or not self._takes_one_call(hidden, None, cache):
+            return None
+        i = self.layer_idx
+        return call if call.stands_for(self._one_call_weights(), cache.k[i], cache.v[i]) else None
+
+    def _one_call_weights(self) -> torch_decode_layer.LayerWeights:
+        return torch_decode_layer.LayerWeights(**{name: _read(self, path) for name, path in _ONE_CALL_WEIGHTS.items()})
+
     def _decode_in_one_call(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,19 +168,41 @@ class DecoderLayer(nn.Module):
         cache's next slot, as cache.update writes them."""
         if cache.length >= cache.max_len:
             raise full_error(cache.length + 1, cache.max_len)
-        attn, mlp, norm = self.self_attn, self.mlp, self.input_layernorm
-        weights = torch_decode_layer.LayerWeights(
-            norm.weight, self.post_attention_layernorm.weight,
-            None if attn.q_norm is None else attn.q_norm.weight, None if attn.k_norm is None else attn.k_norm.weight,
-            attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight,
-            mlp.down_proj.weight, attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias, attn.o_proj.bias,
-            mlp.gate_up_proj.bias, mlp.down_proj.bias,
-        )  # fmt: skip
-        i = self.layer_idx
-        return torch_decode_layer.decode_layer(
-            hidden, residual, weights, cos, sin, cache.k[i], cache.v[i], cache.length, mask,
-            heads=attn.num_heads, eps=norm.eps, scale=attn.scale, softcap=attn.softcap, **norm.options,
-        )  # fmt: skip
+        weights, i = self._one_call_weights(), self.layer_idx
+        call = self._one_call_prepared
+        if call is None or not call.stands_for(weights, cache.k[i], cache.v[i]):  # a new cache, or new weights
+            attn, norm = self.self_attn, self.input_layernorm
+            call = self._one_call_prepared = torch_decode_layer.LayerCall(
+                weights, cache.k[i], cache.v[i], heads=attn.num_heads, eps=norm.eps, scale=attn.scale,
+                softcap=attn.softcap, **norm.options,
+            )  # fmt: skip
+        out = call(hidden, residual, cos, sin, cache.length, mask)
+        if call.copied:  # it read a contiguous copy of a weight: the next step lays out anew
+            self._one_call_prepared = None
+        return out
+
+
+# decode_layer.c's weights (LayerWeights' fields) as this layer's attribute paths
+_ONE_CALL_WEIGHTS = {
+    "input_norm": ("input_layernorm", "weight"), "post_norm": ("post_attention_layernorm", "weight"),
+    "q_norm": ("self_attn", "q_norm", "weight"), "k_norm": ("self_attn", "k_norm", "weight"),
+    **{f"w{p}": ("self_attn", f"{p}_proj", "weight") for p in "qkvo"},
+    "wgu": ("mlp", "gate_up_proj", "weight"), "wd": ("mlp", "down_proj", "weight"),
+    **{f"b{p}": ("self_attn", f"{p}_proj", "bias") for p in "qkvo"},
+    "bgu": ("mlp", "gate_up_proj", "bias"), "bd": ("mlp", "down_proj", "bias"),
+}  # fmt: skip
+
+
+def _read(module: nn.Module, path: tuple[str, ...]) -> torch.Tensor | None:
+    """module's attribute at `path` (None where a link is None: no q/k norm, no bias), read from the modules' own
+    tables where the name is registered there, as nn.Module.__getattr__ would find it without its Python call per
+    name: a decode step reads these sixteen paths for every layer to know its prepared call still stands."""
+    for name in path:
+        if module is None:
+            return None
+        modules, parameters = module._modules, module._parameters
+        module = modules[name] if name in modules else parameters[name] if name in parameters else getattr(module, name)
+    return module
 
 
 def decoder_layer(

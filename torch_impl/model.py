@@ -21,9 +21,10 @@ import torch.distributed as dist
 from torch import nn
 
 from kernels import resolve_kernels
+from kernels.cpu import torch_decode_layer
 from spec import ModelSpec, check_attention_mask, check_positions, check_token_ids
 from spec.families import FULL, SLIDING
-from torch_impl.decoder_layer import decoder_layer
+from torch_impl.decoder_layer import DecoderLayer, decoder_layer
 from torch_impl.embedding import Embedding
 from torch_impl.expert_parallel import rank_experts
 from torch_impl.layernorm import make_norm
@@ -114,6 +115,7 @@ class Model(nn.Module):
         )
         self.norm = make_norm(spec, h, kernels=kernels)
         self.rotary_emb = RotaryEmbedding(spec)
+        self._stack: torch_decode_layer.LayerStack | None = None  # the last decode step's, kept while it holds
         if SLIDING in spec.rope_kinds:  # sliding layers' own frequencies (Gemma 3's local base)
             self.rotary_emb_local = RotaryEmbedding(spec, SLIDING)
 
@@ -136,12 +138,16 @@ class Model(nn.Module):
         ropes = {FULL: self.rotary_emb(positions)}  # (cos, sin) per layer type with its own frequencies
         if SLIDING in self.spec.rope_kinds:
             ropes[SLIDING] = self.rotary_emb_local(positions)
-        residual = None
-        for i, layer in enumerate(self.layers):
-            kind = self.spec.layer_type(i)
-            cos, sin = ropes.get(kind, ropes[FULL])
-            forced = {} if routing is None else {"routing": routing}  # sparse layers exist in DecoderLayer only
-            hidden, residual = layer(hidden, residual, cos, sin, masks[kind], cache, trace, **forced)
+        stack = None if trace is not None or routing is not None else self._decode_stack(hidden, cache)
+        if stack is not None:  # every layer's decode step prepared for decode_layer.c: the layers in one call
+            hidden, residual = stack(hidden, *ropes[FULL], cache.length, masks[FULL])
+        else:
+            residual = None
+            for i, layer in enumerate(self.layers):
+                kind = self.spec.layer_type(i)
+                cos, sin = ropes.get(kind, ropes[FULL])
+                forced = {} if routing is None else {"routing": routing}  # sparse layers exist in DecoderLayer only
+                hidden, residual = layer(hidden, residual, cos, sin, masks[kind], cache, trace, **forced)
         if last_only:  # the norm and head are per position: only the last one is needed
             hidden = hidden[:, -1:]  # [B, 1, H]
             residual = None if residual is None else residual[:, -1:]
@@ -152,6 +158,21 @@ class Model(nn.Module):
         if trace is not None:
             trace["final_norm"] = hidden
         return hidden
+
+    def _decode_stack(self, hidden: torch.Tensor, cache: KVCache | None) -> torch_decode_layer.LayerStack | None:
+        """The layers' decode steps as one LayerStack, where every layer has a call prepared at an earlier step that
+        still stands (DecoderLayer.prepared_step); None otherwise: the layers run one by one (and prepare)."""
+        if cache is None:
+            return None
+        calls = []
+        for layer in self.layers:
+            call = layer.prepared_step(hidden, cache) if isinstance(layer, DecoderLayer) else None
+            if call is None:
+                return None
+            calls.append(call)
+        if self._stack is None or not self._stack.holds(calls):
+            self._stack = torch_decode_layer.LayerStack(calls)
+        return self._stack
 
 
 class CausalLM(nn.Module):

@@ -5,6 +5,8 @@
  * operators cost around their arithmetic: in torch ~30 calls a layer from Python, each a few microseconds of
  * interpreter and dispatcher; in XLA a dozen small fused loops and a thread-pool hand-off for every product; here the
  * layer is one call whose products are cut over the threads and whose small operators run on one of them.
+ * decode_layers_NAME runs a stack of such layers, each on the previous one's outputs: torch's decode step then crosses
+ * from Python into C once, not once a layer.
  *
  *   residual, h = add_rms_norm(x, residual, input_norm)      (layer 0: residual = x, h = rms_norm(x))
  *   q, k, v     = h Wq + bq, h Wk + bk, h Wv + bv             (float32 sums, rounded to T)
@@ -81,6 +83,17 @@ static void products(const DecodeLayer *L, const Scratch *s, long phase, Product
 
 static int is_finish(long phase) {
     return phase == QKV_FIN || phase == O_FIN || phase == GU_FIN || phase == DOWN_FIN;
+}
+
+/* Layer i of a stack reads layer i - 1's outputs and the step's operands, which the caller sets on layer 0 only. */
+static void decode_layers_chain(DecodeLayer *L, const DecodeLayer *previous, const DecodeLayer *first) {
+    L->x = previous->out;
+    L->residual = previous->residual_out;
+    L->pos = first->pos;
+    L->mask_row = first->mask_row;
+    L->cos = first->cos;
+    L->sin = first->sin;
+    L->mask = first->mask;
 }
 
 void decode_layer_end(Scratch *s) {
@@ -198,6 +211,12 @@ void decode_layer_end(Scratch *s) {
             }                                                                                                          \
         }                                                                                                              \
         decode_layer_end(&s);                                                                                          \
+    }                                                                                                                  \
+    void decode_layers_##S(DecodeLayer *layers, long n) {                                                              \
+        for (long i = 0; i < n; i++) {                                                                                 \
+            if (i > 0) decode_layers_chain(&layers[i], &layers[i - 1], &layers[0]);                                    \
+            decode_layer_##S(&layers[i]);                                                                              \
+        }                                                                                                              \
     }
 DEFINE_LAYER(f32, float)
 DEFINE_LAYER(bf16, uint16_t)

@@ -46,6 +46,10 @@ void decode_layer_bf16_item(const DecodeLayer *L, const Scratch *s, long phase, 
 void decode_layer_end(Scratch *s);
 void decode_layer_f32(const DecodeLayer *L); /* the OpenMP driver: every phase on the calling team */
 void decode_layer_bf16(const DecodeLayer *L);
+/* layers[0 .. n) in order, layer i > 0 on layer i - 1's out and residual_out as its x and residual, and on layer 0's
+ * pos, mask_row, cos, sin and mask (written into it); each layer's own out and residual_out */
+void decode_layers_f32(DecodeLayer *layers, long n);
+void decode_layers_bf16(DecodeLayer *layers, long n);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -63,6 +65,13 @@ def _functions() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
     )
 
 
+@functools.cache
+def _stack_functions() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
+    argtypes = [ctypes.POINTER(_DecodeLayer), _L]
+    names = {torch.float32: ("decode_layers_f32", argtypes), torch.bfloat16: ("decode_layers_bf16", argtypes)}
+    return build.functions("decode_layer", names)
+
+
 def available() -> bool:
     """Whether the kernel runs here (kernels.cpu.build.unavailable("decode_layer"): why not)."""
     return _functions() is not None
@@ -101,6 +110,171 @@ def _check(x, residual, w: LayerWeights, cos, sin, k_cache, v_cache, pos, mask, 
         raise _refuse("k_cache and v_cache must be contiguous (the KV cache's own layer tensors)")
 
 
+def _fingerprint(tensors) -> tuple:
+    """Each tensor's address, shape and dtype (None for None): what the kernel's struct took from it."""
+    return tuple(None if t is None else (t.data_ptr(), t.shape, t.dtype) for t in tensors)
+
+
+def _weak(t: torch.Tensor | None) -> Callable[[], torch.Tensor | None]:
+    return (lambda: None) if t is None else weakref.ref(t)
+
+
+class LayerCall:
+    """One layer's decode step through decode_layer.c, its steady operands (the weights, the cache, the options)
+    checked and laid into the kernel's struct at the first step; a later step checks and sets only what moves (x,
+    residual, cos, sin, mask, the slot). A layer keeps its LayerCall while it `stands_for` the layer's weights and
+    cache (torch_impl/decoder_layer.py). It holds them weakly (a finished generation's cache, or weights replaced
+    since, are freed as usual) and the biases, widened to float32 each step so that a write to one is seen."""
+
+    def __init__(
+        self, weights: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor, *, heads: int, eps: float,
+        scale: float, offset: float = 0.0, float32_weight: bool = False, softcap: float | None = None,
+    ):  # fmt: skip
+        self.heads = heads
+        self._options = dict(eps=eps, offset=offset, scale=scale, cap=0.0 if softcap is None else softcap,
+                             float32_weight=float32_weight)  # fmt: skip
+        self._pending: tuple | None = (weights, k_cache, v_cache)  # held until the first step lays them out
+        operands = (*vars(weights).values(), k_cache, v_cache)
+        self._refs, self._fingerprint = tuple(_weak(t) for t in operands), _fingerprint(operands)
+        self._live = tuple(weakref.ref(t) for t in operands if t is not None)
+        self._biases = {name: t for name in decode_layer_operands.BIASES if (t := getattr(weights, name)) is not None}
+        self._layer: _DecodeLayer | None = None  # laid out at the first step, once every operand is checked
+        self._step_shapes: tuple = ()
+        self._copied = False
+
+    def stands_for(self, weights: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+        """Whether this call computes with these operands: the same tensors, at the same addresses, none of the
+        weights copied to be contiguous (a copy would not see a write to its original)."""
+        operands = (*vars(weights).values(), k_cache, v_cache)
+        same = all(ref() is t for ref, t in zip(self._refs, operands, strict=True))
+        return same and not self._copied and self._fingerprint == _fingerprint(operands)
+
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, pos: int,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        if self._layer is None:
+            self._first_step(x, residual, cos, sin, pos, mask)
+        else:
+            self._check_step(x, residual, cos, sin, pos, mask)
+        x, cos, sin, mask = x.contiguous(), cos.contiguous(), sin.contiguous(), mask.contiguous()
+        residual = None if residual is None else residual.contiguous()
+        out, residual_out = torch.empty_like(x), torch.empty_like(x)
+        layer = self._layer
+        _set_step(layer, x, residual, cos, sin, pos, mask)
+        layer.out, layer.residual_out = out.data_ptr(), residual_out.data_ptr()
+        biases = self.widen_biases(layer)  # noqa: F841  (bound until the call)
+        self._function(ctypes.byref(layer))
+        return out, residual_out
+
+    @property
+    def laid_out(self) -> bool:
+        """Whether a step ran (checked every operand and laid out the struct): a LayerStack takes only such calls."""
+        return self._layer is not None
+
+    @property
+    def alive(self) -> bool:
+        """Whether every tensor the struct points into still exists (a LayerStack refuses to run otherwise)."""
+        return all(ref() is not None for ref in self._live)
+
+    @property
+    def copied(self) -> bool:
+        """Whether the first step copied a weight to make it contiguous: such a call stands for nothing after it."""
+        return self._copied
+
+    def widen_biases(self, layer: _DecodeLayer) -> list[torch.Tensor]:
+        """The biases widened to float32 and set on `layer`; the caller keeps the returned tensors until the call
+        (their memory is the kernel's operand)."""
+        widened = []
+        for name, t in self._biases.items():
+            widened.append(t.float().contiguous())
+            setattr(layer, name, widened[-1].data_ptr())
+        return widened
+
+    def _first_step(self, x, residual, cos, sin, pos, mask) -> None:
+        weights, k, v = self._pending
+        _check(x, residual, weights, cos, sin, k, v, pos, mask, self.heads)
+        functions = _functions()
+        if functions is None:
+            raise _refuse(f"the kernel is not built here: {build.unavailable('decode_layer')}")
+        self._function = functions[x.dtype]
+        b, _, hidden = x.shape
+        _, kv_heads, slots, d = k.shape
+        self._step_shapes = (x.dtype, (b, 1, hidden), (b, 1, cos.shape[-1]), slots)
+        steady = {
+            name: t.contiguous() for name, t in vars(weights).items()
+            if t is not None and name not in decode_layer_operands.BIASES
+        }  # fmt: skip
+        self._copied = any(t is not getattr(weights, name) for name, t in steady.items())
+        self._layer = _DecodeLayer(
+            rows=b, hidden=hidden, heads=self.heads, kv_heads=kv_heads, head_dim=d, rotated=cos.shape[-1],
+            inter=weights.wd.shape[1], k_batch=k.stride(0), k_head=k.stride(1), v_batch=v.stride(0),
+            v_head=v.stride(1), v_row=v.stride(2), cols=0, k_cache=k.data_ptr(), v_cache=v.data_ptr(),
+            **self._options, **{name: t.data_ptr() for name, t in steady.items()},
+        )  # fmt: skip
+        self._pending = None  # a copy made above is read by this step only: it never stands again
+
+    def _check_step(self, x, residual, cos, sin, pos, mask) -> None:
+        """The first step's checks of what a step changes, against the shapes that step fixed."""
+        dtype, hidden_shape, rope_shape, slots = self._step_shapes
+        if x.dtype is not dtype or x.shape != hidden_shape or not x.is_cpu:
+            raise _refuse(f"x must be {list(hidden_shape)} {dtype} on the CPU; got {tuple(x.shape)} {x.dtype}")
+        if not 0 <= pos < slots:
+            raise _refuse(f"slot {pos} of {slots}: the slot written must be 0 <= slot < S")
+        operands = [
+            ("residual", residual, hidden_shape, "act", True), ("cos", cos, rope_shape, "float32", False),
+            ("sin", sin, rope_shape, "float32", False), ("mask", mask, (hidden_shape[0], 1, pos + 1), "bool", False),
+        ]  # fmt: skip
+        kinds = {"act": dtype, "float32": torch.float32, "bool": torch.bool}
+        problem = decode_layer_operands.mismatch(
+            operands, kinds, lambda t, shape, kind: t.shape == shape and t.dtype is kind and t.is_cpu, " on the CPU"
+        )
+        if problem is not None:
+            raise _refuse(problem)
+
+
+def _set_step(layer: _DecodeLayer, x, residual, cos, sin, pos: int, mask) -> None:
+    layer.pos, layer.mask_row = pos, pos + 1
+    layer.x, layer.residual = x.data_ptr(), None if residual is None else residual.data_ptr()
+    layer.cos, layer.sin, layer.mask = cos.data_ptr(), sin.data_ptr(), mask.data_ptr()
+
+
+class LayerStack:
+    """Consecutive layers' decode steps in one call (decode_layer.c's decode_layers_NAME): each layer's LayerCall laid
+    out at an earlier step, each layer on the previous one's outputs, the step's operands checked once (for layer 0,
+    against the shapes every call's first step fixed: the same for all, or no stack). A step then crosses from Python
+    into C once, not once a layer; the results are the calls' one by one, bit for bit."""
+
+    def __init__(self, calls: list[LayerCall]):
+        if not calls or not all(c.laid_out and c._step_shapes == calls[0]._step_shapes for c in calls):
+            raise _refuse("a stack takes laid-out calls (a step ran through each) of one dtype, rows and rotary width")
+        self.calls = tuple(calls)
+        self._layers = (_DecodeLayer * len(calls))(*(c._layer for c in calls))  # copies: each step sets its own
+        self._function = _stack_functions()[calls[0]._step_shapes[0]]
+
+    def holds(self, calls: list[LayerCall]) -> bool:
+        return len(calls) == len(self.calls) and all(a is b for a, b in zip(calls, self.calls, strict=True))
+
+    def __call__(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, 1, H]: layer 0's input (the embedding, no residual yet) -> the last layer's (MLP increment, residual);
+        every layer's keys and values written at slot `pos`."""
+        if not all(call.alive for call in self.calls):
+            raise _refuse("a layer's weights or cache were freed since the stack was made: make it anew")
+        self.calls[0]._check_step(x, None, cos, sin, pos, mask)
+        x, cos, sin, mask = x.contiguous(), cos.contiguous(), sin.contiguous(), mask.contiguous()
+        pairs = [(torch.empty_like(x), torch.empty_like(x)) for _ in range(min(2, len(self.calls)))]
+        _set_step(self._layers[0], x, None, cos, sin, pos, mask)
+        biases = []  # bound until the call
+        for i, (layer, call) in enumerate(zip(self._layers, self.calls, strict=True)):
+            out, residual_out = pairs[i % 2]  # layer i + 1 reads layer i's pair and writes the other
+            layer.out, layer.residual_out = out.data_ptr(), residual_out.data_ptr()
+            biases += call.widen_biases(layer)
+        self._function(self._layers, len(self.calls))
+        return pairs[(len(self.calls) - 1) % 2]
+
+
 def decode_layer(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -124,28 +298,6 @@ def decode_layer(
     residual), both [B, 1, H]; the step's keys and values are written into the full-length cache at slot `pos`
     (k_cache [B, n_kv, S, d], v_cache [B, n_kv, d, S]) and attended over slots 0..pos with mask [B, 1, pos + 1]
     bool. cos and sin [B, 1, r] float32; `eps`, `offset` and `float32_weight` are every norm's (add_rms_norm's
-    options), `scale` and `softcap` the attention's."""
-    _check(x, residual, weights, cos, sin, k_cache, v_cache, pos, mask, heads)
-    functions = _functions()
-    if functions is None:
-        raise _refuse(f"the kernel is not built here: {build.unavailable('decode_layer')}")
-    b, _, hidden = x.shape
-    _, kv_heads, slots, d = k_cache.shape
-    out, residual_out = torch.empty_like(x), torch.empty_like(x)
-    x, cos, sin, mask = x.contiguous(), cos.contiguous(), sin.contiguous(), mask.contiguous()
-    residual = None if residual is None else residual.contiguous()
-    operands = {}  # bound until the call: a temporary's memory is freed with it
-    for name, t in vars(weights).items():  # biases in float32
-        operands[name] = None if t is None else (t.float() if name in decode_layer_operands.BIASES else t).contiguous()
-    layer = _DecodeLayer(
-        rows=b, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=d, rotated=cos.shape[-1],
-        inter=weights.wd.shape[1], pos=pos, mask_row=pos + 1, k_batch=k_cache.stride(0), k_head=k_cache.stride(1),
-        v_batch=v_cache.stride(0), v_head=v_cache.stride(1), v_row=v_cache.stride(2), eps=eps, offset=offset,
-        scale=scale, cap=0.0 if softcap is None else softcap, float32_weight=float32_weight, cols=0,
-        x=x.data_ptr(), residual=None if residual is None else residual.data_ptr(), cos=cos.data_ptr(),
-        sin=sin.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), mask=mask.data_ptr(),
-        out=out.data_ptr(), residual_out=residual_out.data_ptr(),
-        **{name: None if t is None else t.data_ptr() for name, t in operands.items()},
-    )  # fmt: skip
-    functions[x.dtype](ctypes.byref(layer))
-    return out, residual_out
+    options), `scale` and `softcap` the attention's. A LayerCall made for this one step."""
+    options = dict(eps=eps, scale=scale, offset=offset, float32_weight=float32_weight, softcap=softcap)
+    return LayerCall(weights, k_cache, v_cache, heads=heads, **options)(x, residual, cos, sin, pos, mask)

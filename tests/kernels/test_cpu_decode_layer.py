@@ -31,20 +31,34 @@ def load(tmp_path, spec: ModelSpec, dtype: str):
 
 @pytest.fixture
 def count_calls():
-    """The number of decode_layer.c calls made so far in the test (each dtype's function wrapped)."""
-    table = torch_decode_layer._functions()
-    saved, calls = dict(table), [0]
+    """The number of layers decode_layer.c has run so far in the test: one a call of a layer, n a stack's call of n
+    (each dtype's functions wrapped); `stacks()` counts the stack calls alone."""
+    tables = torch_decode_layer._functions(), torch_decode_layer._stack_functions()
+    saved = [dict(table) for table in tables]
+    layers, stacks = [0], [0]
 
-    def counted(fn):
-        def call(*args):
-            calls[0] += 1
-            return fn(*args)
+    def one(fn):
+        def call(layer):
+            layers[0] += 1
+            return fn(layer)
 
         return call
 
-    table.update({dtype: counted(fn) for dtype, fn in saved.items()})
-    yield lambda: calls[0]
-    table.update(saved)
+    def stack(fn):
+        def call(array, n):
+            layers[0] += n
+            stacks[0] += 1
+            return fn(array, n)
+
+        return call
+
+    for table, wrap in zip(tables, (one, stack), strict=True):
+        table.update({dtype: wrap(fn) for dtype, fn in table.items()})
+    counted = lambda: layers[0]  # noqa: E731
+    counted.stacks = lambda: stacks[0]
+    yield counted
+    for table, kept in zip(tables, saved, strict=True):
+        table.update(kept)
 
 
 def generate(model, rows: int = 3, **kwargs):
@@ -61,6 +75,7 @@ def test_one_call_is_the_per_operator_step_bit_for_bit(tmp_path, count_calls, sh
     with linear.PATHS.forced("gemv"):  # a test model's weights would keep F.linear unmeasured
         one = generate(model, rows)
         assert count_calls() == (STEPS - 1) * model.spec.num_hidden_layers  # every decode step, every layer
+        assert count_calls.stacks() == STEPS - 2  # the first step lays each layer's call out, the rest are stacked
         with torch_decode_layer.per_operator():
             per = generate(model, rows)
     assert count_calls() == (STEPS - 1) * model.spec.num_hidden_layers  # none more per operator

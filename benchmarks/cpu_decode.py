@@ -77,7 +77,7 @@ class TokenClock:
 
 
 REFERENCE_OPS = "torch_impl/ref-ops"  # torch_impl with its decode steps' norms, RoPE and attention on the reference
-PER_OPERATOR = "torch_impl/per-op"  # torch_impl with its decode steps' operators called one by one, not per layer
+PER_OPERATOR = "torch_impl/per-op"  # torch_impl with its decode steps' operators called one by one, not in one call
 JAX_PER_OPERATOR = "jax_impl/per-op"  # jax_impl with its decode steps' layers as XLA's operators, not one call each
 
 
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         f"which decode at {fractions(ref_ops)}"
     )
     print(
-        f"  torch_impl's layers each one call in a decode step (kernels/cpu/decode_layer.c): decode "
+        f"  torch_impl's decode step in one call (kernels/cpu/decode_layer.c, its layers stacked): decode "
         f"x{results['torch_impl']['decode_tok_s'] / per_op['decode_tok_s']:.2f} over the same model calling those "
         f"operators one by one, which decodes at {fractions(per_op)}"
     )

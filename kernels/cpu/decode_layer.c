@@ -17,9 +17,11 @@
  *
  * The layer is a fixed sequence of phases (decode_layer.h), each of independent items: a product's parts (gemv.c's
  * cut, which no result depends on), its finish (the cols layout's chunk sums added, then every sum rounded once to
- * T), the attention's (row, kv head) items, and the small operators as one item each. Two drivers run them: the
- * OpenMP team below (torch: its launcher kernels/cpu/torch_decode_layer.py; the tests hold it bit for bit to the
- * per-operator layer) and XLA's thread pool (decode_layer_ffi.cc, kernels/cpu/jax_decode_layer.py).
+ * T), the attention's (row, kv head) items (each also its heads' q/k norms and RoPE and its slot's cache write, which
+ * are per head: a phase and a barrier fewer, and the cache's scattered writes on every thread), and the other small
+ * operators as one item each. Two drivers run them: the OpenMP team below (torch: its launcher
+ * kernels/cpu/torch_decode_layer.py; the tests hold it bit for bit to the per-operator layer) and XLA's thread pool
+ * (decode_layer_ffi.cc, kernels/cpu/jax_decode_layer.py).
  *
  * Storage T float32 or bfloat16 (NAME_f32 / NAME_bf16): the products widen their input to float32 and round their
  * float32 sums once to T, as the backends' launchers do around gemv.c. Built with gemv.c and decode_ops.c into one
@@ -162,29 +164,26 @@ void decode_layer_end(Scratch *s) {
             }                                                                                                          \
             widen_rows_##S(h, s->x32, m * H);                                                                          \
             return;                                                                                                    \
-        case ROTARY:                                                                                                   \
+        case ATTEND: { /* one (row, kv head): its g query heads' and its key's norms and RoPE, its key and value   \
+                          written at slot pos, then the g heads' attention, and their output widened for o_proj */    \
+            const long b = item / L->kv_heads, kv = item % L->kv_heads, g = L->heads / L->kv_heads;                    \
+            const long qo = b * nq + kv * g * d, ko = b * nk + kv * d; /* the group's first q, and k, element */       \
+            const float *c = L->cos + b * L->rotated, *sn = L->sin + b * L->rotated;                                   \
             if (L->q_norm)                                                                                             \
-                norm_rotary_##S(q, k, L->q_norm, L->k_norm, L->cos, L->sin, qr, kr, m, L->heads, L->kv_heads, d,       \
-                                L->rotated, L->eps, L->offset, L->float32_weight);                                     \
+                norm_rotary_##S(q + qo, k + ko, L->q_norm, L->k_norm, c, sn, qr + qo, kr + ko, 1, g, 1, d, L->rotated, \
+                                L->eps, L->offset, L->float32_weight);                                                 \
             else {                                                                                                     \
-                rotary_##S(q, L->cos, L->sin, qr, m, L->heads, d, L->rotated);                                         \
-                rotary_##S(k, L->cos, L->sin, kr, m, L->kv_heads, d, L->rotated);                                      \
+                rotary_##S(q + qo, c, sn, qr + qo, 1, g, d, L->rotated);                                               \
+                rotary_##S(k + ko, c, sn, kr + ko, 1, 1, d, L->rotated);                                               \
             }                                                                                                          \
-            for (long b = 0; b < m; b++) /* this step's keys and values into slot pos */                               \
-                for (long kv = 0; kv < L->kv_heads; kv++) {                                                            \
-                    T *kc = (T *)L->k_cache + b * L->k_batch + kv * L->k_head + L->pos * d;                            \
-                    T *vc = (T *)L->v_cache + b * L->v_batch + kv * L->v_head + L->pos;                                \
-                    memcpy(kc, kr + b * nk + kv * d, sizeof(T) * d);                                                   \
-                    for (long i = 0; i < d; i++) vc[i * L->v_row] = v[b * nk + kv * d + i];                            \
-                }                                                                                                      \
-            return;                                                                                                    \
-        case ATTEND: { /* one (row, kv head): its g query heads, then their output widened for o_proj */               \
-            const long b = item / L->kv_heads, g = L->heads / L->kv_heads, head = item % L->kv_heads;                  \
+            T *kc = (T *)L->k_cache + b * L->k_batch + kv * L->k_head + L->pos * d;                                    \
+            T *vc = (T *)L->v_cache + b * L->v_batch + kv * L->v_head + L->pos;                                        \
+            memcpy(kc, kr + ko, sizeof(T) * d);                                                                        \
+            for (long i = 0; i < d; i++) vc[i * L->v_row] = v[ko + i];                                                 \
             attend_##S##_item(qr + b * nq, (const T *)L->k_cache + b * L->k_batch,                                     \
-                              (const T *)L->v_cache + b * L->v_batch, L->mask + b * L->mask_row, a + b * nq, head,     \
+                              (const T *)L->v_cache + b * L->v_batch, L->mask + b * L->mask_row, a + b * nq, kv,       \
                               L->kv_heads, g, d, keys, L->mask_row, L->k_head, L->v_head, L->v_row, L->scale, L->cap); \
-            const long first = b * nq + head * g * d;                                                                  \
-            widen_rows_##S(a + first, s->x32 + first, g * d);                                                          \
+            widen_rows_##S(a + qo, s->x32 + qo, g * d);                                                                \
             return;                                                                                                    \
         }                                                                                                              \
         case NORM_POST:                                                                                                \

@@ -36,7 +36,7 @@ typedef struct {
 
 /* The phases, in order; each runs decode_layer_items(L, phase, parts) independent items, and every item of a phase
  * ends before any of the next begins. */
-enum { NORM_IN, QKV, QKV_FIN, ROTARY, ATTEND, O, O_FIN, NORM_POST, GU, GU_FIN, ACT, DOWN, DOWN_FIN, PHASES };
+enum { NORM_IN, QKV, QKV_FIN, ATTEND, O, O_FIN, NORM_POST, GU, GU_FIN, ACT, DOWN, DOWN_FIN, PHASES };
 
 long decode_layer_items(const DecodeLayer *L, long phase, long parts);
 int decode_layer_f32_begin(const DecodeLayer *L, Scratch *s); /* 0: out of memory */

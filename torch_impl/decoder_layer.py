@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from kernels.cpu import decode_layer_operands, torch_decode_layer, torch_decode_ops
 from spec import ModelSpec
@@ -149,9 +150,12 @@ class DecoderLayer(nn.Module):
     def prepared_step(self, hidden: torch.Tensor, cache: KVCache) -> torch_decode_layer.LayerCall | None:
         """This layer's decode step of `hidden` as the LayerCall an earlier step laid out, where the rule takes the
         step and that call still stands for the layer's weights and cache; None otherwise (the layer's own forward
-        then runs it). Model runs a stack of such calls at once (torch_decode_layer.LayerStack)."""
+        then runs it). Model runs a stack of such calls at once (torch_decode_layer.LayerStack), which would skip the
+        forward hooks of nn.Module's call: a layer with any (its own or global) runs its forward."""
         call = self._one_call_prepared
         if call is None or not call.laid_out or cache.length >= cache.max_len:  # a full cache: forward refuses it
+            return None
+        if self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks or _global_forward_pre_hooks:
             return None
         if not self.one_call or not self._takes_one_call(hidden, None, cache):
             return None

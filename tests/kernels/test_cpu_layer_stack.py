@@ -1,7 +1,8 @@
 """A decode step's layers in one call (torch_decode_layer.LayerStack, run by torch_impl's Model) and the prepared
 per-layer calls it is made of (LayerCall): a weight replaced, reassigned or written between steps is read at the
 next step as the per-operator layer reads it; a finished generation's cache is freed; a full cache is refused as
-cache.update refuses it; a stack whose tensors were freed, or made of calls that never ran, refuses to run.
+cache.update refuses it; a stack whose tensors were freed, or made of calls that never ran, refuses to run; a layer
+with forward hooks runs its forward, hooks and all.
 (tests/kernels/test_cpu_decode_layer.py holds the stacked steps to the per-operator ones bit for bit.)
 """
 
@@ -153,3 +154,25 @@ def test_a_stacked_step_names_a_bad_operand(tmp_path):
         stack(torch.zeros(1, 1, h), cos, sin, 4, mask[..., :4])
     with pytest.raises(ValueError, match="slot 8 of 8"):
         stack(torch.zeros(1, 1, h), cos, sin, 8, mask)
+
+
+@pytest.mark.parametrize("where", ["layer", "global"])
+def test_forward_hooks_see_every_step(tmp_path, where):
+    """A stack would skip nn.Module's call and its hooks: with a forward hook on a layer (or a global one) the layers
+    run one by one, the hook sees the prompt and every decode step, and the logits are the stacked run's."""
+    model = load(tmp_path)
+    plain = generate(model)
+    seen = []
+
+    def hook(module, _args, _output):
+        if module is model.model.layers[1]:
+            seen.append(module)
+
+    register = model.model.layers[1].register_forward_hook
+    handle = (register if where == "layer" else nn.modules.module.register_module_forward_hook)(hook)
+    try:
+        hooked = generate(model)
+    finally:
+        handle.remove()
+    assert len(seen) == STEPS  # the prompt, then STEPS - 1 decode steps
+    assert all(map(np.array_equal, plain.logits, hooked.logits))

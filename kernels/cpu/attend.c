@@ -43,27 +43,31 @@ DEFINE_DOTS8(dots8_f32, float, ld_f32, ld8_f32)
 DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16)
 
 /* softmax's last two steps on scores p[0..n) with maximum `top`: p = exp(p - top) (exp8), then p / sum(p), the sum
- * taken in index order. */
+ * in 8 lanes, then across them, then the tail (torch's CPU softmax sums in vector lanes too; one running scalar sum
+ * waited on itself, a long prompt's attention most of all). */
 static void softmax_tail(float *p, long n, float top) {
-    __m256 t = _mm256_set1_ps(top);
-    float e[8];
-    for (long s = 0; s < n; s += 8) {
-        long k = n - s < 8 ? n - s : 8;
-        _mm256_storeu_ps(e, exp8(_mm256_sub_ps(part8_f32(p + s, k), t)));
-        memcpy(p + s, e, sizeof(float) * k);
-    }
-    float sum = 0.0f;
-    for (long s = 0; s < n; s++) sum += p[s];
-    const __m256 sum8 = _mm256_set1_ps(sum);
+    const __m256 t = _mm256_set1_ps(top);
+    __m256 acc = _mm256_setzero_ps();
     long s = 0;
-    for (; s + 8 <= n; s += 8) _mm256_storeu_ps(p + s, _mm256_div_ps(_mm256_loadu_ps(p + s), sum8));
+    for (; s + 8 <= n; s += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + s), t));
+        _mm256_storeu_ps(p + s, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = sum1(acc), e[8];
+    if (s < n) {
+        _mm256_storeu_ps(e, exp8(_mm256_sub_ps(part8_f32(p + s, n - s), t)));
+        for (long i = 0; s + i < n; i++) sum += p[s + i] = e[i];
+    }
+    const __m256 sum8 = _mm256_set1_ps(sum);
+    for (s = 0; s + 8 <= n; s += 8) _mm256_storeu_ps(p + s, _mm256_div_ps(_mm256_loadu_ps(p + s), sum8));
     for (; s < n; s++) p[s] = p[s] / sum;
 }
 
 /* The end of the keys a query row weighs: one past its last allowed key (mt: the row's mask). Keys past it weigh
  * exactly 0 (exp of the float32 minimum less the row's maximum), so they are not computed: a prompt's causal mask
  * halves the work. A fully masked row attends over every key with equal weights, as the reference does. */
-static long allowed_end(const uint8_t *mt, long keys) {
+long attend_allowed_end(const uint8_t *mt, long keys) {
     long hi = keys;
     for (; hi >= 32; hi -= 32) { /* 32 mask bytes at a time from the end: a prompt's early rows mask most keys */
         const __m256i bytes = _mm256_loadu_si256((const __m256i *)(mt + hi - 32));
@@ -76,9 +80,9 @@ static long allowed_end(const uint8_t *mt, long keys) {
 }
 
 /* A row's scores p[0..hi) -> its weights: scaled, soft-capped (cap > 0: cap * tanh(x / cap)), masked to the float32
- * minimum, then softmax as torch's (exp(x - max) / sum, the sum in index order). Eight lanes at a time where that
+ * minimum, then softmax as torch's (exp(x - max) / sum, the sum in vector lanes). Eight lanes at a time where that
  * computes the same values (a product, a select, a maximum). */
-static void softmax_row(float *p, const uint8_t *mt, long hi, float scale, float cap) {
+void attend_softmax_row(float *p, const uint8_t *mt, long hi, float scale, float cap) {
     const __m256 sc = _mm256_set1_ps(scale), lowest = _mm256_set1_ps(-3.40282347e38f);
     __m256 top8 = _mm256_set1_ps(-INFINITY);
     long s = 0;
@@ -121,14 +125,14 @@ static void softmax_row(float *p, const uint8_t *mt, long hi, float scale, float
         const long t = item / n_kv, kv = item % n_kv;                                                                  \
         const T *kh = k + kv * k_head, *vh = v + kv * v_head;                                                          \
         const uint8_t *mt = mask + t * mask_row;                                                                       \
-        const long hi = allowed_end(mt, keys);                                                                         \
+        const long hi = attend_allowed_end(mt, keys);                                                                  \
         float *p = malloc(sizeof(float) * g * (keys + d)), *qf = p + g * keys; /* scores, queries in f32 */            \
         if (!p) abort();                                                                                               \
         for (long j = 0; j < g * d; j++) qf[j] = LD(q + (t * n_kv + kv) * g * d, j);                                   \
         for (long s0 = 0; s0 < hi; s0 += 8) /* q . k for keys s0 .. s0 + 7, every query of the group */                \
             for (long j = 0; j < g; j++)    /* while those keys are in L1 */                                           \
                 DOTS8(qf + j * d, kh + s0 * d, d, hi - s0 < 8 ? hi - s0 : 8, d, p + j * keys + s0, !j);                \
-        for (long j = 0; j < g; j++) softmax_row(p + j * keys, mt, hi, scale, cap);                                    \
+        for (long j = 0; j < g; j++) attend_softmax_row(p + j * keys, mt, hi, scale, cap);                             \
         for (long i0 = 0; i0 < d; i0 += 8) { /* p . v for value rows i0 .. i0 + 7, every query of the group */         \
             long n = d - i0 < 8 ? d - i0 : 8;                                                                          \
             for (long j = 0; j < g; j++) {                                                                             \
@@ -202,6 +206,12 @@ static inline void rows4x16(const float *a0, const float *a1, const float *a2, c
     void attend_rows_##S##_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item,            \
                                 long steps, long n_kv, long g, long d, long keys, long mask_row, long k_head,          \
                                 long v_head, long v_row, float scale, float cap) {                                     \
+        if (sizeof(T) == 2 && d % 32 == 0 && attend_amx_usable()) { /* attend_amx.c: the same item on AMX tiles */     \
+            attend_rows_bf16_amx_item((const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, mask,             \
+                                      (uint16_t *)out, item, steps, n_kv, g, d, keys, mask_row, k_head, v_head, v_row, \
+                                      scale, cap);                                                                     \
+            return;                                                                                                    \
+        }                                                                                                              \
         const long blocks = (steps + BLOCK_STEPS - 1) / BLOCK_STEPS, kv = item / blocks;                               \
         const long t0 = item % blocks * BLOCK_STEPS, t1 = t0 + BLOCK_STEPS < steps ? t0 + BLOCK_STEPS : steps;         \
         const long m = (t1 - t0) * g, ps = (keys + 15) / 16 * 16, dp = (d + 15) / 16 * 16; /* rows, strides */         \
@@ -213,7 +223,7 @@ static inline void rows4x16(const float *a0, const float *a1, const float *a2, c
         for (long r = 0; r < m; r++) { /* query row r = (t - t0) * g + j */                                            \
             const long t = t0 + r / g;                                                                                 \
             for (long i = 0; i < d; i++) qf[r * d + i] = ld_##S(q + ((t * n_kv + kv) * g + r % g) * d, i);             \
-            end[r] = r % g ? end[r - 1] : allowed_end(mask + t * mask_row, keys); /* a step's g rows: one mask */      \
+            end[r] = r % g ? end[r - 1] : attend_allowed_end(mask + t * mask_row, keys); /* a step's g rows */         \
             top = end[r] > top ? end[r] : top;                                                                         \
         }                                                                                                              \
         __m256 x[8];                                                                                                   \
@@ -239,7 +249,7 @@ static inline void rows4x16(const float *a0, const float *a1, const float *a2, c
         }                                                                                                              \
         for (long r = 0; r < m; r++) {                                                                                 \
             float *pr = p + r * ps;                                                                                    \
-            softmax_row(pr, mask + (t0 + r / g) * mask_row, end[r], scale, cap);                                       \
+            attend_softmax_row(pr, mask + (t0 + r / g) * mask_row, end[r], scale, cap);                                \
             memset(pr + end[r], 0, sizeof(float) * (top - end[r])); /* weighs nothing up to its group's end */         \
         }                                                                                                              \
         for (long s0 = 0; s0 < top; s0 += 8) /* values^T: vt[s][i] = v[i][s], zero past d */                           \

@@ -39,10 +39,11 @@ REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what gemv.c is compil
 SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they include, all hashed into its name
     "gemv": ("gemv.c", "gemv_avx512.c", "gemv.h", "gemv_loops.h", "bf16.h"),
     "gemv_xla": ("gemv.c", "gemv_avx512.c", "gemv_ffi.cc", "gemv.h", "gemv_loops.h", "xla_pool.h", "bf16.h"),
-    "decode_ops": ("decode_ops.c", "attend.c", "decode_ops.h", "vec8.h", "bf16.h"),
+    "decode_ops": ("decode_ops.c", "attend.c", "attend_amx.c", "decode_ops.h", "vec8.h", "bf16.h"),
     "decode_ops_xla": (
         "decode_ops.c",
         "attend.c",
+        "attend_amx.c",
         "decode_ops_ffi.cc",
         "decode_ops.h",
         "vec8.h",
@@ -55,6 +56,7 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
         "gemv_avx512.c",
         "decode_ops.c",
         "attend.c",
+        "attend_amx.c",
         "decode_layer.c",
         "gemv.h",
         "gemv_loops.h",
@@ -70,6 +72,7 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
         "gemv_loops.h",
         "decode_ops.c",
         "attend.c",
+        "attend_amx.c",
         "decode_layer.c",
         "decode_layer_ffi.cc",
         "decode_layer.h",

@@ -14,6 +14,14 @@ extern "C" {
  * kernels/cpu/torch_decode_ops.py's ROWS_MIN_STEPS is the same number) */
 enum { kAttendBlockSteps = 16, kAttendRowsMinSteps = 2 };
 
+/* attend.c's pieces attend_amx.c shares: a mask row's allowed end, a row's softmax; and the AMX item itself */
+long attend_allowed_end(const uint8_t *mt, long keys);
+void attend_softmax_row(float *p, const uint8_t *mt, long hi, float scale, float cap);
+int attend_amx_usable(void);
+void attend_rows_bf16_amx_item(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask,
+                               uint16_t *out, long item, long steps, long n_kv, long g, long d, long keys,
+                               long mask_row, long k_head, long v_head, long v_row, float scale, float cap);
+
 #define DECODE_OPS_DECLARE(T, S)                                                                                       \
     void add_rms_norm_##S(const T *x, const T *residual, const T *w, T *out, T *s_out, long rows, long dim, float eps, \
                           float offset, int float32_weight);                                                           \

@@ -7,6 +7,8 @@ masked rows, step counts that are not a multiple of the kernel's block of 16.
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -58,8 +60,9 @@ def test_a_fully_masked_row_is_the_references_uniform_mean_not_nan():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("b", "t", "cached", "n_kv", "groups", "d"),
-    [(1, 128, 0, 8, 2, 128), (2, 37, 0, 3, 3, 7), (1, 17, 5, 2, 8, 40), (2, 33, 30, 1, 1, 20), (1, 2, 0, 2, 2, 16)],
-)
+    [(1, 128, 0, 8, 2, 128), (2, 37, 0, 3, 3, 7), (1, 17, 5, 2, 8, 40), (2, 33, 30, 1, 1, 20), (1, 2, 0, 2, 2, 16),
+     (2, 45, 7, 2, 3, 64), (1, 33, 0, 1, 5, 32)],  # the last two (and the first): bf16 on AMX where it runs
+)  # fmt: skip
 @pytest.mark.parametrize("softcap", [None, 30.0])
 def test_a_prompts_attention_matches_the_reference(dtype, b, t, cached, n_kv, groups, d, softcap):
     """A prompt of t steps after `cached` earlier slots, causal (step i sees slots up to cached + i), the second
@@ -79,12 +82,13 @@ def test_a_prompts_attention_matches_the_reference(dtype, b, t, cached, n_kv, gr
     assert_within_tolerance(numpy(out), numpy(ref), "attention", name(dtype), f"prompt of {t}")
 
 
-def test_a_prompts_attention_skips_only_what_weighs_nothing():
+@pytest.mark.parametrize(("dtype", "d"), [(torch.float32, 16), (torch.bfloat16, 32)])  # bf16 32: AMX where it runs
+def test_a_prompts_attention_skips_only_what_weighs_nothing(dtype, d):
     """Keys past every row's last allowed one hold NaN: a kernel that read them (or weighed them by anything but the
     skip) would return NaN; keys before a row's end that are masked weigh exactly 0 as in the reference."""
-    t, d = 20, 16
-    q = randn(1, t, 2, 2, d, dtype=torch.float32, seed=1)
-    k, v = cache_views(1, 2, d, t + 4, torch.float32, seed=2)
+    t = 20
+    q = randn(1, t, 2, 2, d, dtype=dtype, seed=1)
+    k, v = cache_views(1, 2, d, t + 4, dtype, seed=2)
     mask = torch.ones(1, t, t + 4, dtype=torch.bool).tril()
     mask[..., t:] = False
     mask[0, :, 2] = False  # a masked key inside every row's range
@@ -95,4 +99,21 @@ def test_a_prompts_attention_skips_only_what_weighs_nothing():
         with torch_decode_ops.reference_only():
             ref = attend(q[..., :], k[:, :, :t], v[..., :t], mask[..., :t], 0.25)
     assert torch.isfinite(out).all()
-    assert_within_tolerance(numpy(out), numpy(ref), "attention", "float32", "skipped keys")
+    assert_within_tolerance(numpy(out), numpy(ref), "attention", name(dtype), "skipped keys")
+
+
+@pytest.mark.skipif(not CAN_BUILD or not build.load("decode_ops").attend_amx_usable(), reason="no AMX tiles here")
+def test_a_bf16_prompt_takes_the_amx_item_where_it_runs():
+    """Where the processor has AMX (and d is a multiple of 32), attend_rows' items are attend_amx.c's, bit for bit."""
+    t, n_kv, g, d = 40, 2, 3, 64
+    q = randn(1, t, n_kv, g, d, dtype=torch.bfloat16, seed=5)
+    k, v = cache_views(1, n_kv, d, t, torch.bfloat16, seed=6)
+    mask = torch.ones(1, t, t, dtype=torch.bool).tril()
+    with torch.inference_mode():
+        out = torch_decode_ops.attend(q, k, v, mask, 0.125)
+    item, direct = build.load("decode_ops").attend_rows_bf16_amx_item, torch.empty_like(q)
+    item.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 10 + [ctypes.c_float] * 2
+    for i in range(n_kv * ((t + 15) // 16)):
+        item(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask.data_ptr(), direct.data_ptr(), i, t, n_kv, g, d, t, t,
+             k.stride(1), v.stride(1), v.stride(2), 0.125, 0.0)  # fmt: skip
+    assert torch.equal(out, direct)

@@ -203,15 +203,9 @@ static inline void rows4x16(const float *a0, const float *a1, const float *a2, c
  * batch row's items on the OpenMP team, decode_ops_ffi.cc on XLA's pool; no sum's order depends on the thread or
  * the block. */
 #define DEFINE_ATTEND_ROWS(S, T)                                                                                       \
-    void attend_rows_##S##_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item,            \
-                                long steps, long n_kv, long g, long d, long keys, long mask_row, long k_head,          \
-                                long v_head, long v_row, float scale, float cap) {                                     \
-        if (sizeof(T) == 2 && d % 32 == 0 && attend_amx_usable()) { /* attend_amx.c: the same item on AMX tiles */     \
-            attend_rows_bf16_amx_item((const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, mask,             \
-                                      (uint16_t *)out, item, steps, n_kv, g, d, keys, mask_row, k_head, v_head, v_row, \
-                                      scale, cap);                                                                     \
-            return;                                                                                                    \
-        }                                                                                                              \
+    void attend_rows_##S##_loops_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item,      \
+                                      long steps, long n_kv, long g, long d, long keys, long mask_row, long k_head,    \
+                                      long v_head, long v_row, float scale, float cap) {                               \
         const long blocks = (steps + BLOCK_STEPS - 1) / BLOCK_STEPS, kv = item / blocks;                               \
         const long t0 = item % blocks * BLOCK_STEPS, t1 = t0 + BLOCK_STEPS < steps ? t0 + BLOCK_STEPS : steps;         \
         const long m = (t1 - t0) * g, ps = (keys + 15) / 16 * 16, dp = (d + 15) / 16 * 16; /* rows, strides */         \
@@ -280,6 +274,18 @@ static inline void rows4x16(const float *a0, const float *a1, const float *a2, c
         }                                                                                                              \
         free(qf);                                                                                                      \
         free(end);                                                                                                     \
+    }                                                                                                                  \
+    /* an item on attend_amx.c's tiles where they run (bf16, d a multiple of 32), else on the loops above */          \
+    void attend_rows_##S##_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item,            \
+                                long steps, long n_kv, long g, long d, long keys, long mask_row, long k_head,          \
+                                long v_head, long v_row, float scale, float cap) {                                     \
+        if (sizeof(T) == 2 && d % 32 == 0 && attend_amx_usable())                                                      \
+            attend_rows_bf16_amx_item((const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, mask,             \
+                                      (uint16_t *)out, item, steps, n_kv, g, d, keys, mask_row, k_head, v_head, v_row, \
+                                      scale, cap);                                                                     \
+        else                                                                                                           \
+            attend_rows_##S##_loops_item(q, k, v, mask, out, item, steps, n_kv, g, d, keys, mask_row, k_head, v_head,  \
+                                         v_row, scale, cap);                                                           \
     }                                                                                                                  \
     void attend_rows_##S(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long steps, long n_kv,       \
                          long g, long d, long keys, long k_head, long v_head, long v_row, float scale, float cap) {    \

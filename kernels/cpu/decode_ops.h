@@ -38,6 +38,9 @@ void attend_rows_bf16_amx_item(const uint16_t *q, const uint16_t *k, const uint1
     void attend_rows_##S##_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item,            \
                                 long steps, long n_kv, long g, long d, long keys, long mask_row, long k_head,          \
                                 long v_head, long v_row, float scale, float cap);                                      \
+    void attend_rows_##S##_loops_item(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long item,      \
+                                      long steps, long n_kv, long g, long d, long keys, long mask_row, long k_head,    \
+                                      long v_head, long v_row, float scale, float cap);                                \
     void attend_rows_##S(const T *q, const T *k, const T *v, const uint8_t *mask, T *out, long steps, long n_kv,       \
                            long g, long d, long keys, long k_head, long v_head, long v_row, float scale, float cap);
 DECODE_OPS_DECLARE(float, f32)

@@ -102,18 +102,38 @@ def test_a_prompts_attention_skips_only_what_weighs_nothing(dtype, d):
     assert_within_tolerance(numpy(out), numpy(ref), "attention", name(dtype), "skipped keys")
 
 
+def run_items(symbol: str, q, k, v, mask, scale: float) -> torch.Tensor:
+    """attend_rows' items of one batch row, every one through the C function `symbol` (an item's own signature)."""
+    item, out = getattr(build.load("decode_ops"), symbol), torch.empty_like(q)
+    item.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 10 + [ctypes.c_float] * 2
+    _, t, n_kv, g, d = q.shape
+    s = k.shape[2]
+    for i in range(n_kv * ((t + 15) // 16)):
+        item(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask.data_ptr(), out.data_ptr(), i, t, n_kv, g, d, s, s,
+             k.stride(1), v.stride(1), v.stride(2), scale, 0.0)  # fmt: skip
+    return out
+
+
+def amx_operands(t: int = 40, cached: int = 3, n_kv: int = 2, g: int = 3, d: int = 64):
+    q = randn(1, t, n_kv, g, d, dtype=torch.bfloat16, seed=5, scale=2.0)
+    k, v = (x.contiguous() for x in cache_views(1, n_kv, d, cached + t, torch.bfloat16, seed=6))
+    return q, k, v, torch.ones(1, t, cached + t, dtype=torch.bool).tril(cached)
+
+
 @pytest.mark.skipif(not CAN_BUILD or not build.load("decode_ops").attend_amx_usable(), reason="no AMX tiles here")
 def test_a_bf16_prompt_takes_the_amx_item_where_it_runs():
     """Where the processor has AMX (and d is a multiple of 32), attend_rows' items are attend_amx.c's, bit for bit."""
-    t, n_kv, g, d = 40, 2, 3, 64
-    q = randn(1, t, n_kv, g, d, dtype=torch.bfloat16, seed=5)
-    k, v = cache_views(1, n_kv, d, t, torch.bfloat16, seed=6)
-    mask = torch.ones(1, t, t, dtype=torch.bool).tril()
+    q, k, v, mask = amx_operands()
     with torch.inference_mode():
         out = torch_decode_ops.attend(q, k, v, mask, 0.125)
-    item, direct = build.load("decode_ops").attend_rows_bf16_amx_item, torch.empty_like(q)
-    item.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 10 + [ctypes.c_float] * 2
-    for i in range(n_kv * ((t + 15) // 16)):
-        item(q.data_ptr(), k.data_ptr(), v.data_ptr(), mask.data_ptr(), direct.data_ptr(), i, t, n_kv, g, d, t, t,
-             k.stride(1), v.stride(1), v.stride(2), 0.125, 0.0)  # fmt: skip
-    assert torch.equal(out, direct)
+    assert torch.equal(out, run_items("attend_rows_bf16_amx_item", q, k, v, mask, 0.125))
+
+
+def test_the_loops_that_stand_in_for_the_amx_item_match_the_reference():
+    """The same operands through attend.c's own loops, which every processor without AMX runs (and this one, where
+    AMX runs, does not otherwise exercise at these widths)."""
+    q, k, v, mask = amx_operands()
+    with torch.inference_mode(), torch_decode_ops.reference_only():
+        ref = attend(q, k, v, mask, 0.125)
+    out = run_items("attend_rows_bf16_loops_item", q, k, v, mask, 0.125)
+    assert_within_tolerance(numpy(out), numpy(ref), "attention", "bfloat16", "attend.c's loops")

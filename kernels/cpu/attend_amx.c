@@ -6,12 +6,13 @@
  * Arithmetic (the reference's: torch_impl/attention.py's attend, held to the kernel tolerance table's attention row):
  *   scores  q . k: bf16 products are exact in float32, summed in float32 in the tile unit's order.
  *   softmax attend.c's (attend_softmax_row), on the float32 scores.
- *   output  p . v with p float32: p is split into hi = bf16(p) and lo = bf16(p - hi) (p - hi is exact), and both
- *           are multiplied into the same float32 sums; what is left out, p - hi - lo, is below 2**-16 of p, far
- *           under the output's own rounding to bf16 (2**-8). The sums are rounded once to bf16.
- * The tile unit treats bf16 subnormals (below 2**-126) as zero, inputs and sums alike.
+ *   output  p . v with p float32: p is split into hi = bf16(p) and lo = bf16(p - hi) (p - hi is exact; both rounded
+ *           to nearest even by VCVTNEPS2BF16), each multiplied into float32 sums of its own, and the two sums added;
+ *           what is left out, p - hi - lo, is below 2**-16 of p, far under the output's own rounding to bf16
+ *           (2**-8). The result is rounded once to bf16.
+ * The tile unit and VCVTNEPS2BF16 treat subnormals (below 2**-126) as zero, inputs and sums alike.
  *
- * Layout: an item's query rows (its steps' g heads, padded to 16 with the last row) are copied into a [rows, d] block,
+ * Layout: an item's query rows (its steps' g heads, padded to 32 with the last row) are copied into a [rows, d] block,
  * the A tiles of the scores; the keys are the B tiles, 16 keys by 32 head dims, their pairs of dims interleaved
  * (the tile unit's "VNNI" layout): a 16 x 16 transpose of 32-bit pairs. The weights (hi and lo) are the A tiles of
  * the output, [rows, keys]; the values, [d, S] in the cache, are its B tiles: 16 dims by 32 keys, pairs of keys
@@ -33,7 +34,8 @@
 
 enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18, PAIRS = 256 /* 32-bit pairs in a tile */ };
 
-/* AMX-TILE and AMX-BF16 (CPUID leaf 7), and Linux's grant of the tile state to this process (asked once). */
+/* AMX-TILE, AMX-BF16, AVX-512F, BW and BF16 (CPUID leaf 7), and Linux's grant of the tile state to this process
+ * (asked once). */
 int attend_amx_usable(void) {
     static int known = -1; /* atomic: the first items of a call may ask from several threads at once */
     int usable = __atomic_load_n(&known, __ATOMIC_ACQUIRE);
@@ -157,7 +159,7 @@ AMX void attend_rows_bf16_amx_item(const uint16_t *q, const uint16_t *k, const u
         float *pr = p + r * ps;
         const long e = r < m ? end[r] : 0;
         if (r < m) attend_softmax_row(pr, mask + (t0 + r / g) * mask_row, e, scale, cap);
-        for (long s = 0; s < ps; s += 16) { /* VCVTNEPS2BF16: round to nearest even, as f32_to_bf16 */
+        for (long s = 0; s < ps; s += 16) {
             const long n = e - s < 0 ? 0 : (e - s < 16 ? e - s : 16);
             const __m512 x = _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), pr + s);
             const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);

@@ -127,13 +127,15 @@ class DecoderLayer(nn.Module):
 
     def _takes_one_call(self, hidden: torch.Tensor, residual: torch.Tensor | None, cache: KVCache) -> bool:
         """Whether this step runs in one call: a decode step's rows (torch_decode_ops.takes_step), the cache in the
-        activations' dtype, and every product of the layer on the few-row kernel (asked of the choices once per row
-        count and dtype, again after they are cleared; a forced path is asked every time)."""
+        activations' dtype, no forward hook waiting on a module the call stands in for (`_hooks_wait`), and every
+        product of the layer on the few-row kernel (asked of the choices once per row count and dtype, again after they
+        are cleared; a forced path is asked every time)."""
         norm = self.input_layernorm
         if not (
             torch_decode_ops.takes_step(hidden, norm.weight, residual)
             and cache.k[self.layer_idx].dtype is hidden.dtype
             and torch_decode_layer.enabled()
+            and not self._hooks_wait()
         ):
             return False
         key, version = (hidden.shape[0], hidden.dtype), linear.PATHS.version
@@ -150,17 +152,28 @@ class DecoderLayer(nn.Module):
     def prepared_step(self, hidden: torch.Tensor, cache: KVCache) -> torch_decode_layer.LayerCall | None:
         """This layer's decode step of `hidden` as the LayerCall an earlier step laid out, where the rule takes the
         step and that call still stands for the layer's weights and cache; None otherwise (the layer's own forward
-        then runs it). Model runs a stack of such calls at once (torch_decode_layer.LayerStack), which would skip the
-        forward hooks of nn.Module's call: a layer with any (its own or global) runs its forward."""
+        then runs it). Model runs a stack of such calls at once (torch_decode_layer.LayerStack), which would skip this
+        layer's own nn.Module call too: a layer with a forward hook of its own runs its forward."""
         call = self._one_call_prepared
         if call is None or not call.laid_out or cache.length >= cache.max_len:  # a full cache: forward refuses it
             return None
-        if self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks or _global_forward_pre_hooks:
+        if self._forward_hooks or self._forward_pre_hooks:
             return None
         if not self.one_call or not self._takes_one_call(hidden, None, cache):
             return None
         i = self.layer_idx
         return call if call.stands_for(self._one_call_weights(), cache.k[i], cache.v[i]) else None
+
+    def _hooks_wait(self) -> bool:
+        """Whether a forward hook waits on a module whose forward the one call would skip: a global one, or one on a
+        module the call stands in for (the norms, the attention and the MLP, their products and q/k norms)."""
+        if _global_forward_hooks or _global_forward_pre_hooks:
+            return True
+        for path in _ONE_CALL_MODULES:
+            module = _read(self, path)
+            if module is not None and (module._forward_hooks or module._forward_pre_hooks):
+                return True
+        return False
 
     def _one_call_weights(self) -> torch_decode_layer.LayerWeights:
         return torch_decode_layer.LayerWeights(**{name: _read(self, path) for name, path in _ONE_CALL_WEIGHTS.items()})
@@ -197,7 +210,15 @@ _ONE_CALL_WEIGHTS = {
 }  # fmt: skip
 
 
-def _read(module: nn.Module, path: tuple[str, ...]) -> torch.Tensor | None:
+# the modules a one-call step stands in for, as attribute paths
+_ONE_CALL_MODULES = (
+    ("input_layernorm",), ("post_attention_layernorm",), ("self_attn",), ("mlp",),
+    *[("self_attn", f"{p}_proj") for p in "qkvo"], ("self_attn", "q_norm"), ("self_attn", "k_norm"),
+    ("mlp", "gate_up_proj"), ("mlp", "down_proj"),
+)  # fmt: skip
+
+
+def _read(module: nn.Module, path: tuple[str, ...]) -> nn.Module | torch.Tensor | None:
     """module's attribute at `path` (None where a link is None: no q/k norm, no bias), read from the modules' own
     tables where the name is registered there, as nn.Module.__getattr__ would find it without its Python call per
     name: a decode step reads these sixteen paths for every layer to know its prepared call still stands."""

@@ -2,7 +2,7 @@
 per-layer calls it is made of (LayerCall): a weight replaced, reassigned or written between steps is read at the
 next step as the per-operator layer reads it; a finished generation's cache is freed; a full cache is refused as
 cache.update refuses it; a stack whose tensors were freed, or made of calls that never ran, refuses to run; a layer
-with forward hooks runs its forward, hooks and all.
+with a forward hook on it or inside it runs its forward, hooks and all.
 (tests/kernels/test_cpu_decode_layer.py holds the stacked steps to the per-operator ones bit for bit.)
 """
 
@@ -156,20 +156,23 @@ def test_a_stacked_step_names_a_bad_operand(tmp_path):
         stack(torch.zeros(1, 1, h), cos, sin, 8, mask)
 
 
-@pytest.mark.parametrize("where", ["layer", "global"])
+@pytest.mark.parametrize("where", ["layer", "global", "attention", "down_proj"])
 def test_forward_hooks_see_every_step(tmp_path, where):
-    """A stack would skip nn.Module's call and its hooks: with a forward hook on a layer (or a global one) the layers
-    run one by one, the hook sees the prompt and every decode step, and the logits are the stacked run's."""
+    """The stack skips the layers' nn.Module calls and the one call their submodules' forwards: with a forward hook on
+    a layer, on a module inside it (or a global one) the layer runs its forward, the hook sees the prompt and every
+    decode step, and the logits are those of the run without the hook."""
     model = load(tmp_path)
     plain = generate(model)
+    layer = model.model.layers[1]
+    watched = {"layer": layer, "global": layer, "attention": layer.self_attn, "down_proj": layer.mlp.down_proj}[where]
     seen = []
 
     def hook(module, _args, _output):
-        if module is model.model.layers[1]:
+        if module is watched:
             seen.append(module)
 
-    register = model.model.layers[1].register_forward_hook
-    handle = (register if where == "layer" else nn.modules.module.register_module_forward_hook)(hook)
+    register = nn.modules.module.register_module_forward_hook if where == "global" else watched.register_forward_hook
+    handle = register(hook)
     try:
         hooked = generate(model)
     finally:

@@ -24,15 +24,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
+#include "amx.h" /* the tile state: Linux's grant, the configuration (all 8 tiles 16 rows of 64 bytes) */
 #include "decode_ops.h"
 #include "vec8.h"
 
-#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
+#define AMX AMX_TARGET
 
-enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18, PAIRS = 256 /* 32-bit pairs in a tile */ };
+enum { PAIRS = 256 /* 32-bit pairs in a tile */ };
 
 /* AMX-TILE, AMX-BF16, AVX-512F, BW and BF16 (CPUID leaf 7), and Linux's grant of the tile state to this process
  * (asked once). */
@@ -40,30 +40,14 @@ int attend_amx_usable(void) {
     static int known = -1; /* atomic: the first items of a call may ask from several threads at once */
     int usable = __atomic_load_n(&known, __ATOMIC_ACQUIRE);
     if (usable < 0) {
-        unsigned a, b, c, d;
-        unsigned bf16 = 0;
+        unsigned a, b, c, d, bf16 = 0;
         if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) bf16 = a >> 5 & 1; /* AVX512_BF16 */
         usable = bf16 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 16 & 1) && (b >> 30 & 1) /* AVX-512F, BW */
                  && (d >> 24 & 1) && (d >> 22 & 1) /* AMX-TILE, AMX-BF16 */
-                 && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+                 && amx_request() == 0;
         __atomic_store_n(&known, usable, __ATOMIC_RELEASE);
     }
     return usable;
-}
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) TileConfig;
-
-/* every tile 16 rows of 64 bytes: C 16 x 16 float32, A 16 rows x 32 bf16, B 16 pair-rows x 16 columns */
-static AMX void configure(void) {
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
-    _tile_loadconfig(&c);
 }
 
 /* A 16 x 16 transpose of 32-bit elements, r[i] row i on entry, column i on return: pairs, then quads, then 128-bit
@@ -126,7 +110,7 @@ AMX void attend_rows_bf16_amx_item(const uint16_t *q, const uint16_t *k, const u
         const long row = r < m ? r : m - 1;
         memcpy(qb + r * d, q + ((t0 + row / g) * n_kv + kv) * g * d + row % g * d, sizeof(uint16_t) * d);
     }
-    configure();
+    amx_configure();
     /* Four independent sums at a time (a tile product waits on the previous one into the same tile): scores of two
      * row tiles by two key tiles; weighted sums of two dim tiles, hi and lo apart (added at the end). */
     for (long s0 = 0; s0 < ps; s0 += 32) { /* scores of 32 keys: B tiles of d / 32 dims' pairs, 16 keys each */

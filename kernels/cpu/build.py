@@ -39,11 +39,12 @@ REQUIRED_FLAGS = ("avx2", "fma")  # /proc/cpuinfo names of what gemv.c is compil
 SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they include, all hashed into its name
     "gemv": ("gemv.c", "gemv_avx512.c", "gemv.h", "gemv_loops.h", "bf16.h"),
     "gemv_xla": ("gemv.c", "gemv_avx512.c", "gemv_ffi.cc", "gemv.h", "gemv_loops.h", "xla_pool.h", "bf16.h"),
-    "decode_ops": ("decode_ops.c", "attend.c", "attend_amx.c", "decode_ops.h", "vec8.h", "bf16.h"),
+    "decode_ops": ("decode_ops.c", "attend.c", "attend_amx.c", "amx.h", "decode_ops.h", "vec8.h", "bf16.h"),
     "decode_ops_xla": (
         "decode_ops.c",
         "attend.c",
         "attend_amx.c",
+        "amx.h",
         "decode_ops_ffi.cc",
         "decode_ops.h",
         "vec8.h",
@@ -57,6 +58,7 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
         "decode_ops.c",
         "attend.c",
         "attend_amx.c",
+        "amx.h",
         "decode_layer.c",
         "gemv.h",
         "gemv_loops.h",
@@ -73,6 +75,7 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
         "decode_ops.c",
         "attend.c",
         "attend_amx.c",
+        "amx.h",
         "decode_layer.c",
         "decode_layer_ffi.cc",
         "decode_layer.h",
@@ -80,7 +83,7 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
         "bf16.h",
     ),
     "gemm_xla": ("gemm.c", "gemm_ffi.cc", "xla_pool.h"),
-    "gemm_amx_xla": ("gemm_amx.c", "gemm_amx_ffi.cc", "xla_pool.h"),
+    "gemm_amx_xla": ("gemm_amx.c", "gemm_amx_ffi.cc", "amx.h", "xla_pool.h"),
 }
 # per library, beyond the flags above: (compile flags, the /proc/cpuinfo flags the processor must have for them)
 ISA = {

@@ -24,33 +24,18 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+
+#include "amx.h" /* the tile state: Linux's grant, the configuration (all 8 tiles 16 rows of 64 bytes) */
 
 // TILE: one B tile's bf16 elements (16 rows of 64 bytes); PAIR: a step's two; KB: steps per K block; GROUP: panels
+// Tiles 0-3: C, 16 x 16 float32; 4-5: A, 16 rows x 32 bf16; 6-7: B, 16 pair-rows x 16 columns.
 enum { PANEL = 32, MC = 128, STEP = 32, TILE = 512, PAIR = 2 * TILE, KB = 8, GROUP = 16 };
-enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
 
 long gemm_amx_row_blocks(long m) { return (m + MC - 1) / MC; }
 long gemm_amx_panels(long out) { return (out + PANEL - 1) / PANEL; }
 
 /* Linux hands a process the tile state only when asked (once per process): 0, or the error of the request. */
-int gemm_amx_permit(void) { return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) TileConfig;
-
-/* tiles 0-3: C, 16 x 16 float32; 4-5: A, 16 rows x 32 bf16; 6-7: B, 16 pair-rows x 16 columns: 64 bytes by 16 rows */
-static void configure(void) {
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
-    _tile_loadconfig(&c);
-}
+int gemm_amx_permit(void) { return amx_request(); }
 
 /* Rows [k0, k0 + 32 * steps) of W's panels c0 / 32 .. + panels into buf, panel j's `steps` pairs of B tiles at
  * buf + j * steps * PAIR (the layout above). Two rows of W are read at a time across every panel of the group,
@@ -91,7 +76,7 @@ int gemm_amx_item(const uint16_t *x, long ldx, const uint16_t *w, float *y, long
     // has its pages faulted in while the product waits.
     static __thread uint16_t *buf = NULL;
     if (buf == NULL && (buf = aligned_alloc(64, GROUP * KB * PAIR * sizeof(uint16_t))) == NULL) return -1;
-    configure();
+    amx_configure();
     for (long g = p0; g < p1; g += GROUP) {
         const long group = p1 - g < GROUP ? p1 - g : GROUP;
         for (long s0 = 0; s0 < steps; s0 += KB) {

@@ -142,6 +142,12 @@ class LayerCall:
         self._step_shapes: tuple = ()
         self._copied = False
 
+    def __deepcopy__(self, memo) -> None:
+        return None  # a copy of its layer has tensors of its own: it prepares its own call
+
+    def __reduce__(self):
+        return type(None), ()  # addresses of this process's memory: a pickled layer carries no call
+
     def stands_for(self, weights: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         """Whether this call computes with these operands: the same tensors, at the same addresses, none of the
         weights copied to be contiguous (a copy would not see a write to its original)."""
@@ -251,6 +257,12 @@ class LayerStack:
         self.calls = tuple(calls)
         self._layers = (_DecodeLayer * len(calls))(*(c._layer for c in calls))  # copies: each step sets its own
         self._function = _stack_functions()[calls[0]._step_shapes[0]]
+
+    def __deepcopy__(self, memo) -> None:
+        return None  # as LayerCall's: a copied or pickled model makes its own stack
+
+    def __reduce__(self):
+        return type(None), ()
 
     def holds(self, calls: list[LayerCall]) -> bool:
         return len(calls) == len(self.calls) and all(a is b for a, b in zip(calls, self.calls, strict=True))

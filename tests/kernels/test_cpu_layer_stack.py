@@ -8,7 +8,9 @@ with a forward hook on it or inside it runs its forward, hooks and all.
 
 from __future__ import annotations
 
+import copy
 import gc
+import io
 import weakref
 
 import numpy as np
@@ -179,3 +181,21 @@ def test_forward_hooks_see_every_step(tmp_path, where):
         handle.remove()
     assert len(seen) == STEPS  # the prompt, then STEPS - 1 decode steps
     assert all(map(np.array_equal, plain.logits, hooked.logits))
+
+
+def test_a_model_that_generated_copies_and_pickles_without_its_calls(tmp_path):
+    """The prepared calls and the stack hold this process's addresses and weak references: a deep copy or a pickle of
+    the model carries none, and the copy prepares its own (the same logits, its own calls)."""
+    model = load(tmp_path)
+    first = generate(model)
+    assert model.model._stack is not None
+    twin = copy.deepcopy(model)
+    assert twin.model._stack is None and all(layer._one_call_prepared is None for layer in twin.model.layers)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for other in (twin, loaded):
+        again = generate(other)
+        assert all(map(np.array_equal, first.logits, again.logits))
+        assert other.model._stack is not None and other.model._stack is not model.model._stack

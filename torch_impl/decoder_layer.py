@@ -210,12 +210,8 @@ _ONE_CALL_WEIGHTS = {
 }  # fmt: skip
 
 
-# the modules a one-call step stands in for, as attribute paths
-_ONE_CALL_MODULES = (
-    ("input_layernorm",), ("post_attention_layernorm",), ("self_attn",), ("mlp",),
-    *[("self_attn", f"{p}_proj") for p in "qkvo"], ("self_attn", "q_norm"), ("self_attn", "k_norm"),
-    ("mlp", "gate_up_proj"), ("mlp", "down_proj"),
-)  # fmt: skip
+# the modules a one-call step stands in for, as attribute paths: those on the way to its weights
+_ONE_CALL_MODULES = tuple(sorted({path[:i] for path in _ONE_CALL_WEIGHTS.values() for i in range(1, len(path))}))
 
 
 def _read(module: nn.Module, path: tuple[str, ...]) -> nn.Module | torch.Tensor | None:

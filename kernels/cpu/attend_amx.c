@@ -30,9 +30,7 @@
 #include "decode_ops.h"
 #include "vec8.h"
 
-#define AMX AMX_TARGET
-
-enum { PAIRS = 256 /* 32-bit pairs in a tile */ };
+enum { TILE = 512 /* one B tile's bf16 elements: 16 rows of 32 */ };
 
 /* AMX-TILE, AMX-BF16, AVX-512F, BW and BF16 (CPUID leaf 7), and Linux's grant of the tile state to this process
  * (asked once). */
@@ -52,7 +50,7 @@ int attend_amx_usable(void) {
 
 /* A 16 x 16 transpose of 32-bit elements, r[i] row i on entry, column i on return: pairs, then quads, then 128-bit
  * lanes, then halves, exchanged. */
-static inline AMX void transpose16(__m512i r[16]) {
+static inline AMX_TARGET void transpose16(__m512i r[16]) {
     __m512i t[16];
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -78,7 +76,7 @@ static inline AMX void transpose16(__m512i r[16]) {
 /* dst[c][r] = (src_r[2c], src_r[2c + 1]) for 16 rows src_r = src + r * stride and 16 pairs c: a B tile whose rows
  * interleave pairs of src's columns; an element at or past `limit` (columns) or a row at or past `rows` is zero and
  * not read. */
-static inline AMX void pair_transpose(const uint16_t *src, long stride, long rows, long limit, uint16_t *dst) {
+static inline AMX_TARGET void pair_transpose(const uint16_t *src, long stride, long rows, long limit, uint16_t *dst) {
     const __mmask32 cols = limit >= 32 ? 0xFFFFFFFFu : limit <= 0 ? 0 : (__mmask32)((1u << limit) - 1);
     __m512i r[16];
     for (long i = 0; i < 16; i++)
@@ -87,7 +85,7 @@ static inline AMX void pair_transpose(const uint16_t *src, long stride, long row
     for (long c = 0; c < 16; c++) _mm512_storeu_si512(dst + c * 32, r[c]);
 }
 
-AMX void attend_rows_bf16_amx_item(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask,
+AMX_TARGET void attend_rows_bf16_amx_item(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint8_t *mask,
                                    uint16_t *out, long item, long steps, long n_kv, long g, long d, long keys,
                                    long mask_row, long k_head, long v_head, long v_row, float scale, float cap) {
     const long blocks = (steps + kAttendBlockSteps - 1) / kAttendBlockSteps, kv = item / blocks;
@@ -115,8 +113,8 @@ AMX void attend_rows_bf16_amx_item(const uint16_t *q, const uint16_t *k, const u
      * row tiles by two key tiles; weighted sums of two dim tiles, hi and lo apart (added at the end). */
     for (long s0 = 0; s0 < ps; s0 += 32) { /* scores of 32 keys: B tiles of d / 32 dims' pairs, 16 keys each */
         for (long c = 0; c < d / 32; c++) {
-            pair_transpose(kh + s0 * d + 32 * c, d, top - s0, 32, kb + (2 * c) * 2 * PAIRS);
-            pair_transpose(kh + (s0 + 16) * d + 32 * c, d, top - s0 - 16, 32, kb + (2 * c + 1) * 2 * PAIRS);
+            pair_transpose(kh + s0 * d + 32 * c, d, top - s0, 32, kb + (2 * c) * TILE);
+            pair_transpose(kh + (s0 + 16) * d + 32 * c, d, top - s0 - 16, 32, kb + (2 * c + 1) * TILE);
         }
         for (long r = 0; r < mp; r += 32) {
             _tile_zero(0);
@@ -126,8 +124,8 @@ AMX void attend_rows_bf16_amx_item(const uint16_t *q, const uint16_t *k, const u
             for (long c = 0; c < d / 32; c++) {
                 _tile_loadd(4, qb + r * d + 32 * c, d * sizeof(uint16_t));
                 _tile_loadd(5, qb + (r + 16) * d + 32 * c, d * sizeof(uint16_t));
-                _tile_loadd(6, kb + (2 * c) * 2 * PAIRS, 64);
-                _tile_loadd(7, kb + (2 * c + 1) * 2 * PAIRS, 64);
+                _tile_loadd(6, kb + (2 * c) * TILE, 64);
+                _tile_loadd(7, kb + (2 * c + 1) * TILE, 64);
                 _tile_dpbf16ps(0, 4, 6);
                 _tile_dpbf16ps(1, 4, 7);
                 _tile_dpbf16ps(2, 5, 6);
@@ -154,7 +152,7 @@ AMX void attend_rows_bf16_amx_item(const uint16_t *q, const uint16_t *k, const u
     }
     for (long t = 0; t < dt; t++) /* values: B tiles of 16 dims by 32 keys' pairs, [dim tile][key tile] */
         for (long s0 = 0; s0 < ps; s0 += 32)
-            pair_transpose(vh + 16 * t * v_row + s0, v_row, 16, top - s0, vb + (t * ps / 32 + s0 / 32) * 2 * PAIRS);
+            pair_transpose(vh + 16 * t * v_row + s0, v_row, 16, top - s0, vb + (t * ps / 32 + s0 / 32) * TILE);
     float *o_lo = o + mp * d;
     for (long r = 0; r < mp; r += 16)
         for (long t = 0; t < dt; t += 2) { /* two dim tiles at a time: d is a multiple of 32 */
@@ -165,8 +163,8 @@ AMX void attend_rows_bf16_amx_item(const uint16_t *q, const uint16_t *k, const u
             for (long s0 = 0; s0 < ps; s0 += 32) {
                 _tile_loadd(4, hi + r * ps + s0, ps * sizeof(uint16_t));
                 _tile_loadd(5, lo + r * ps + s0, ps * sizeof(uint16_t));
-                _tile_loadd(6, vb + (t * ps / 32 + s0 / 32) * 2 * PAIRS, 64);
-                _tile_loadd(7, vb + ((t + 1) * ps / 32 + s0 / 32) * 2 * PAIRS, 64);
+                _tile_loadd(6, vb + (t * ps / 32 + s0 / 32) * TILE, 64);
+                _tile_loadd(7, vb + ((t + 1) * ps / 32 + s0 / 32) * TILE, 64);
                 _tile_dpbf16ps(0, 4, 6);
                 _tile_dpbf16ps(1, 5, 6);
                 _tile_dpbf16ps(2, 4, 7);

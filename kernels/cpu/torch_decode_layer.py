@@ -136,7 +136,6 @@ class LayerCall:
         self._pending: tuple | None = (weights, k_cache, v_cache)  # held until the first step lays them out
         operands = (*vars(weights).values(), k_cache, v_cache)
         self._refs, self._fingerprint = tuple(_weak(t) for t in operands), _fingerprint(operands)
-        self._live = tuple(weakref.ref(t) for t in operands if t is not None)
         self._biases = {name: t for name in decode_layer_operands.BIASES if (t := getattr(weights, name)) is not None}
         self._layer: _DecodeLayer | None = None  # laid out at the first step, once every operand is checked
         self._step_shapes: tuple = ()
@@ -181,7 +180,8 @@ class LayerCall:
     @property
     def alive(self) -> bool:
         """Whether every tensor the struct points into still exists (a LayerStack refuses to run otherwise)."""
-        return all(ref() is not None for ref in self._live)
+        pairs = zip(self._refs, self._fingerprint, strict=True)
+        return all(ref() is not None for ref, held in pairs if held is not None)
 
     @property
     def copied(self) -> bool:

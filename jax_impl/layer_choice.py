@@ -5,8 +5,8 @@ The products' own choices (jax_impl/linear.py) cannot decide it. Timed alone, XL
 and the few-row kernel stream a decode-sized weight within each other's noise on some machines (one process in two
 took another form than the kernel for at least one of a 0.6B layer's products, docs/benchmarks.md), while the one call
 saves what the layer's operators cost around the products. So where the kernel applies to all six products, the
-layer asks `LAYERS` once per shape, timing chains of CHAIN layers over the model's own weights (resident, as a decode
-step streams them: `linear.resident_weights`):
+layer asks `LAYERS` once per shape, timing chains of CHAIN layers over the model's own weights (resident:
+`linear.resident_weights`; evicted from the caches before each pass, as a decode step finds them in memory):
 
 1. The call's chain against a lower bound on the operators' (`_floors`): the layer's products, each at the fastest
    rate any of its forms was timed at (`linear.stream_floor`; their timing programs compiled side by side,
@@ -32,9 +32,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_impl import linear
-from jax_impl.product_timing import filled
+from jax_impl.product_timing import buffers, filled
 from kernels.cpu import jax_decode_ops
-from spec.path_choice import Floors, PathChoice
+from kernels.cpu.evict import evicting
+from spec.path_choice import Floors, Pass, PathChoice
 
 if TYPE_CHECKING:
     from jax_impl.kv_cache import KVCache
@@ -132,7 +133,10 @@ def _chains(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: KVCache
     def run(program) -> None:
         jax.block_until_ready(program(chains, x, rope, mask, timed_cache))
 
-    return {path: (lambda program=program: run(program)) for path, program in programs.items()}
+    # Each pass reads the chain's weights from memory, as a decode step finds them (spec/path_choice.py's Pass).
+    evict = evicting(buffers(leaf for state in chains for leaf in state))
+    runs = {path: (lambda program=program: run(program)) for path, program in programs.items()}
+    return runs if evict is None else {path: Pass(run, evict) for path, run in runs.items()}
 
 
 def _weights(leaves: list[jax.Array], copy: int) -> list[jax.Array]:

@@ -13,8 +13,9 @@ TIMED_MAX_ROWS rows over TIMED_MANY_COPIES distinct weights: compute-bound, its 
 for more.
 
 None is fixed: the first trace of each (rows, in, out, dtype, layout) key asks `PATHS` (spec/path_choice.py),
-which times the forms that apply, each a small program of its own (jax_impl/product_timing.py), over enough distinct
-weights of that shape that they cannot all stay in cache, as a decode step streams its weights (a model's own inside
+which times the forms that apply, each a small program of its own (jax_impl/product_timing.py), over distinct
+weights of that shape read from memory (a decode step's few rows: evicted from the caches first), as a decode step
+streams its weights (a model's own inside
 `resident_weights`, which generate enters), and keeps the fastest for the process (a kernel, where one applies,
 unless another form beats it in every round: `PATHS`): every later trace agrees, and a compiled program holds the
 form chosen when it was traced. A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single
@@ -123,7 +124,10 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
     def measure() -> dict:
         own = PATHS.resident(_resident_key(rhs))  # a model's weights of this shape, if offered
         ready = (_PREPARED.get() or {}).get(key)  # compiled by `compiled_together`, if the caller asked
-        return product_timing.candidates(FORMS, timed, rows, rhs.shape, lhs.dtype, axis, precision, own, ready, copies)
+        streams = rows <= CHOICE_MAX_ROWS  # a decode step's product: timed from memory
+        return product_timing.candidates(
+            FORMS, timed, rows, rhs.shape, lhs.dtype, axis, precision, own, ready, copies, streams
+        )
 
     return PATHS.choose(key, measure)
 

@@ -1,5 +1,6 @@
 """How jax_impl/linear.py times the forms of one product key: each form a small program of its own, run over distinct
-weights of the key's shape that together stream more than the cache holds, as a decode step streams its weights.
+weights of the key's shape read from memory (evicted from the caches before each pass), as a decode step streams its
+weights.
 
 jax_impl only: a torch path is timed by calling it (torch_impl/linear.py's `_candidates`); an XLA form must first be
 lowered and compiled, which is most of what choosing costs (docs/benchmarks.md). The weights timed over are a model's
@@ -11,14 +12,17 @@ from __future__ import annotations
 import functools
 import math
 import mmap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-STREAM_BYTES = 64 << 20  # the weights one timing pass streams: more than a core's share of cache
+from kernels.cpu.evict import evicting
+from spec.path_choice import Pass, Timed
+
+STREAM_BYTES = 64 << 20  # the weights one timing pass streams, evicted from the caches before it
 MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
 ARENA_ALIGN = 64  # the alignment at which XLA's CPU client takes a host buffer without copying it (`host_arena`)
 
@@ -96,9 +100,11 @@ def timed_pass(rhs_shape: tuple[int, int], dtype, axis: int, max_copies: int = M
 
 def candidates(table: Mapping[str, Form], forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], dtype,
                axis: int, precision, own: list[jax.Array], ready: Mapping[str, Future] | None = None,
-               max_copies: int = MAX_COPIES) -> dict[str, Callable]:  # fmt: skip
+               max_copies: int = MAX_COPIES, streams: bool = True) -> dict[str, Timed]:  # fmt: skip
     """One timing pass per form: the product of `rows` rows over the distinct weights of `timed_pass` (at most
-    `max_copies`), a model's own (`own`) where they suffice (`timed_weights`).
+    `max_copies`), a model's own (`own`) where they suffice (`timed_weights`); where it `streams` (a decode step's
+    few rows), its weights evicted from the caches before each pass (untimed, spec/path_choice.py's Pass), as a decode
+    step finds them in memory.
 
     Each form is its own small program, compiled on a thread of its own from the moment it is lowered
     (`compiling`), so that choosing costs about one compilation per key. The programs leave out what a model's
@@ -123,4 +129,11 @@ def candidates(table: Mapping[str, Form], forms: tuple[str, ...], rows: int, rhs
         jax.block_until_ready([program(x, w) for w in (weights if warm else weights[:1])])  # the first: set-up
         warm.append(True)
 
-    return {name: functools.partial(run, compiled[name], xs[name], []) for name in forms}
+    passes = {name: functools.partial(run, compiled[name], xs[name], []) for name in forms}
+    evict = evicting(buffers(weights)) if streams else None
+    return passes if evict is None else {name: Pass(run, evict) for name, run in passes.items()}
+
+
+def buffers(arrays: Iterable[jax.Array]) -> list[tuple[int, int]]:
+    """(address, bytes) of each array's memory on the CPU, for kernels/cpu/evict.py."""
+    return [(a.unsafe_buffer_pointer(), a.nbytes) for a in arrays]

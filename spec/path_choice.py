@@ -17,6 +17,11 @@ Correctness never depends on the choice: every candidate computes the same produ
 each path against a float64 product), and `forced(path)` pins one for the calling thread, for tests and for
 side-by-side comparisons. Framework-neutral: the backends supply the timed callables.
 
+A pass that streams weights is timed from memory: a decode step streams more weights than the last-level cache
+holds and finds each one there, while a pass of a few tens of MB stays in a cache larger than it (480 MiB reported on
+the Intel VMs here), where the paths rank otherwise (docs/benchmarks.md). A candidate given as a `Pass` has its
+`evict` step run, untimed, before each timed pass: the backend's way of taking the pass's operands out of the caches.
+
 The timed operands are the backend's to supply. A backend timing over fresh memory pays for mapping it, which on a
 VM whose other processes hold their memory cost more than the timing itself (docs/benchmarks.md); inside
 `timing_weights(...)` a measurement can take a model's own weights of the key's shape instead (`resident`), resident
@@ -69,7 +74,20 @@ class Choice:
     floors: Mapping[str, float] = field(default_factory=dict)
 
 
-Floors = tuple[Callable[[], object], Mapping[str, float]]  # the first path's run; a lower bound on each other's pass
+@dataclass(frozen=True)
+class Pass:
+    """A timing pass whose operands are taken out of the caches before it is timed: `evict` runs untimed before each
+    timed `run` (not before the warm-up, whose first touch it would only repeat)."""
+
+    run: Callable[[], object]
+    evict: Callable[[], object]
+
+    def __call__(self) -> object:
+        return self.run()
+
+
+Timed = Callable[[], object] | Pass  # a candidate's pass: a plain run, timed as it finds the caches, or a Pass
+Floors = tuple[Timed, Mapping[str, float]]  # the first path's run; a lower bound on each other path's pass
 
 
 class PathChoice:
@@ -143,13 +161,14 @@ class PathChoice:
     def choose(
         self,
         key: Hashable,
-        candidates: Callable[[], Mapping[str, Callable[[], object]]],
+        candidates: Callable[[], Mapping[str, Timed]],
         floors: Callable[[], Floors | None] | None = None,
     ) -> str:
         """The path for `key`: the forced one, the one chosen before, or the fastest of `candidates()` now.
 
         `candidates()` builds, only when a measurement is due, one zero-argument callable per path that runs
-        a pass of the product (and waits for its result); a path it leaves out is unavailable here.
+        a pass of the product (and waits for its result), or a `Pass` that also evicts the pass's operands; a path it
+        leaves out is unavailable here.
 
         `floors()`, where given, is asked first: the first path's run and a lower bound on each other path's pass
         (seconds), or None where it has none. When the first path's best of `bound_passes` beats every bound by the
@@ -179,7 +198,7 @@ class PathChoice:
         return choice.path
 
     def _measure(
-        self, candidates: Callable[[], Mapping[str, Callable[[], object]]], floors: Callable[[], Floors | None] | None
+        self, candidates: Callable[[], Mapping[str, Timed]], floors: Callable[[], Floors | None] | None
     ) -> Choice:
         start, before = self.clock(), self._sample()
         bounded = None if floors is None else self._bounded(floors)
@@ -254,7 +273,9 @@ class PathChoice:
         Linux)."""
         return self._load.share()
 
-    def _time(self, run: Callable[[], object]) -> float:
+    def _time(self, run: Timed) -> float:
+        if isinstance(run, Pass):
+            run.evict()  # untimed: the pass then reads its operands from memory
         t0 = self.clock()
         run()
         return self.clock() - t0

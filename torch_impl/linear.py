@@ -19,9 +19,9 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
   one on Intel). So the first product of each (rows, in, out, dtype, bias) times the paths that apply
   (spec/path_choice.py) and the process keeps the fastest (the kernel, where it applies, unless another path beats
   it in every round: `PATHS`) (above STREAM_ROWS rows, one choice per
-  power-of-two bucket of rows: `rows_key`). A decode-sized product (few rows) is timed over enough distinct
-  weights of its shape that they cannot all stay in cache, as a decode step streams its weights (a model's own
-  inside `resident_weights`, which generate enters); a
+  power-of-two bucket of rows: `rows_key`). A decode-sized product (few rows) is timed over distinct weights of its
+  shape, taken out of the caches before each pass (kernels/cpu/evict.py), as a decode step finds its weights in
+  memory (a model's own inside `resident_weights`, which generate enters); a
   prefill-sized one, which is compute-bound, on the weight it was called with (its first STREAM_BYTES of
   output rows, where it is larger: a tied head's table, whose slowest path would otherwise cost a second).
   A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps F.linear without measuring.
@@ -45,16 +45,16 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import _disable_current_modes
 
 from kernels.cpu import torch_gemv
-from spec.path_choice import PathChoice
+from kernels.cpu.evict import evicting
+from spec.path_choice import Pass, PathChoice, Timed
 
 # The first a key offers is its default, which another path replaces only by beating it in every timed round: the
 # kernel where it applies (it reads each weight once, in its stored layout), else F.linear.
-# Three rounds, not two: a decode-sized pass of the model's own weights can stay in a large last-level cache (480 MiB
-# on the Intel VMs here), where F.linear and the kernel stream within a few percent of each other, and two rounds let
-# noise move one product off the kernel, and with it the layer's one call (a decode ~12% slower; docs/benchmarks.md).
+# Three rounds, not two: where two paths stream within a few percent of each other, two rounds let noise move one
+# product off the kernel, and with it the layer's one call (a decode ~12% slower; docs/benchmarks.md).
 PATHS = PathChoice("torch_impl.linear", ("gemv", "f_linear", "onednn", "upcast"), repeats=3)
 STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
-STREAM_BYTES = 64 << 20  # the weights one such timing pass streams: more than a core's share of cache
+STREAM_BYTES = 64 << 20  # the weights one such timing pass streams, evicted from the caches before it
 MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
 MIN_CHOICE_BYTES = 256 << 10  # smaller weights (test models) stay in cache and keep F.linear unmeasured
 DTYPES = (torch.float32, torch.bfloat16)
@@ -161,10 +161,11 @@ def _resident_key(weight: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, b
 
 def _candidates(
     paths: tuple[str, ...], x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> dict[str, Callable[[], object]]:
+) -> dict[str, Timed]:
     """One timing pass per path (see the docstring). A weight larger than STREAM_BYTES: its first STREAM_BYTES of
     output rows (a view). Else few rows: the product over distinct weights of this shape that together stream
-    STREAM_BYTES; many rows: the product with the weight it was called with."""
+    STREAM_BYTES; many rows: the product with the weight it was called with. The passes that stream evict their
+    weights from the caches first (untimed)."""
     row_bytes = weight.shape[1] * weight.element_size()
     if weight.shape[0] * row_bytes >= STREAM_BYTES:
         out = max(1, STREAM_BYTES // row_bytes)
@@ -180,12 +181,17 @@ def _candidates(
             arena = _arena(weight.dtype)[: copies * weight.numel()]
             weights, b = arena.view(copies, *weight.shape).unbind(0), bias
     x2 = x2.contiguous()
+    # A pass that streams (few rows, or a table's first rows) reads its weights from memory, as a decode step finds
+    # them (spec/path_choice.py's Pass); a prefill-sized product is compute-bound, timed as its weight stands.
+    streams = weight.shape[0] * row_bytes >= STREAM_BYTES or x2.shape[0] <= STREAM_ROWS
+    evict = evicting((w.data_ptr(), w.numel() * w.element_size()) for w in weights) if streams else None
 
     def run(form: Callable) -> None:
         for w in weights:
             form(x2, w, b)
 
-    return {path: functools.partial(run, FORMS[path]) for path in paths}
+    passes = {path: functools.partial(run, FORMS[path]) for path in paths}
+    return passes if evict is None else {path: Pass(run, evict) for path, run in passes.items()}
 
 
 def rows_key(rows: int) -> int:

@@ -83,6 +83,7 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
         "bf16.h",
     ),
     "gemm_xla": ("gemm.c", "gemm_ffi.cc", "xla_pool.h"),
+    "evict": ("evict.c",),  # the path choices' timing passes (kernels/cpu/evict.py)
     "gemm_amx_xla": ("gemm_amx.c", "gemm_amx_ffi.cc", "amx.h", "xla_pool.h"),
 }
 # per library, beyond the flags above: (compile flags, the /proc/cpuinfo flags the processor must have for them)

@@ -15,6 +15,7 @@ import pytest
 import jax_impl.linear as linear_module
 from jax_impl import product_timing
 from jax_impl.linear import FORMS, dot_general, forms_for, has_choice, path_of
+from spec.path_choice import Pass
 
 LINEAR_DIMS = (((1,), (0,)), ((), ()))  # nnx.Linear's dimension numbers for a 2-D input
 ON_CPU = jax.default_backend() == "cpu"
@@ -85,10 +86,11 @@ def test_a_models_own_weights_are_timed_where_it_has_enough_of_them(fresh_choice
     few = product_timing.timed_weights(own[:3], 16, (256, 1024), jnp.float32)  # 3 MiB would stay in cache
     assert len(few) == 16 and few[0].unsafe_buffer_pointer() == product_timing.host_arena("float32").ctypes.data
 
-    offered = []
+    offered, streamed = [], []
 
-    def measured(_table, forms, _rows, _shape, _dtype, _axis, _precision, own, _ready, _copies):
+    def measured(_table, forms, _rows, _shape, _dtype, _axis, _precision, own, _ready, _copies, streams):
         offered.append(own)  # as path_of passed it
+        streamed.append(streams)
         return {form: lambda: None for form in forms}
 
     weights = [jnp.zeros((1024, 1536), jnp.float32) for _ in range(3)]
@@ -98,6 +100,7 @@ def test_a_models_own_weights_are_timed_where_it_has_enough_of_them(fresh_choice
     with linear_module.resident_weights([*weights, own[0]]):
         path_of(x, weights[0], LINEAR_DIMS)
     assert [[w.unsafe_buffer_pointer() for w in ws] for ws in offered] == [[w.unsafe_buffer_pointer() for w in weights]]
+    assert streamed == [True]  # one row streams its weight: timed from memory
 
 
 @pytest.mark.skipif(not ON_CPU, reason="the choice is made on the CPU only")
@@ -123,3 +126,23 @@ def test_keys_compiled_together_are_compiled_once_and_bound_by_their_fastest_pas
     assert floors[2] == floors[0] and floors[3] is None
     with linear_module.PATHS.forced("dot"):
         assert linear_module.stream_floor(x, tall, LINEAR_DIMS) is None
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the timing passes are a CPU measurement's")
+@pytest.mark.parametrize("streams", [True, False])
+def test_streaming_passes_evict_their_weights_first(streams, monkeypatch):
+    """A decode step's passes are Passes that evict exactly the weights they stream before each timed pass
+    (spec/path_choice.py), so they read them from memory as the step does; a compute-bound key's passes do not."""
+    evicted: list[list[tuple[int, int]]] = []
+    monkeypatch.setattr(product_timing, "evicting", lambda buffers: evicted.append(list(buffers)) or (lambda: None))
+    own = [jnp.full((256, 1024), i, jnp.float32) for i in range(16)]  # 1 MiB each: a pass takes 16
+    passes = product_timing.candidates(FORMS, ("dot",), 1, (1024, 256), jnp.float32, 0, None, [], streams=streams)
+    own_passes = product_timing.candidates(FORMS, ("dot",), 1, (256, 1024), jnp.float32, 1, None, own, streams=streams)
+    if not streams:
+        assert evicted == [] and not any(isinstance(p, Pass) for p in (*passes.values(), *own_passes.values()))
+        return
+    assert isinstance(passes["dot"], Pass) and isinstance(own_passes["dot"], Pass)
+    arena = product_timing.host_arena("float32").ctypes.data
+    assert evicted[0] == [(arena + i * (1 << 20), 1 << 20) for i in range(16)]  # views of the arena
+    assert evicted[1] == [(w.unsafe_buffer_pointer(), 1 << 20) for w in own]
+    passes["dot"]()  # and the passes run

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from spec.cpu_load import CpuSample
-from spec.path_choice import BUSY_MIN_SECONDS, BUSY_SHARE, PathChoice
+from spec.path_choice import BUSY_MIN_SECONDS, BUSY_SHARE, Pass, PathChoice
 
 
 class FakeClock:
@@ -142,6 +142,24 @@ def test_floors_keep_the_first_path_without_building_the_others(plain_s, bound_s
     else:  # the bound's passes, then the full measurement, rounds of `repeats`: not beaten there either
         assert built == [True] and calls == ["plain"] * 5 + ["plain", "other"] * 2
         assert measured.seconds == pytest.approx({"plain": plain_s, "other": 2.0})
+
+
+def test_a_pass_evicts_before_each_timed_run_untimed():
+    """A Pass's `evict` runs before every timed pass (not before the warm-up) and its time is in the choice's cost,
+    never in a pass: an eviction ten times longer than the paths' passes leaves their seconds and the choice exact."""
+    clock, calls = FakeClock(), []
+    choice = make(clock, repeats=2)
+    evict = clock.candidate(10.0, calls, "evict")
+    runs = {"plain": clock.candidate(1.0, calls, "plain"), "other": clock.candidate(0.5, calls, "other")}
+    assert choice.choose("k", lambda: {name: Pass(run, evict) for name, run in runs.items()}) == "other"
+    assert calls == ["plain", "other"] + ["evict", "plain", "evict", "other"] * 2  # the warm-up, then two rounds
+    (measured,) = choice.chosen().values()
+    assert measured.seconds == pytest.approx({"plain": 1.0, "other": 0.5})
+    assert measured.cost == pytest.approx(3 * 1.5 + 4 * 10.0)
+    calls.clear()  # and the first path's passes against floors
+    floors = lambda: (Pass(clock.candidate(1.0, calls, "plain"), evict), {"other": 3.0})  # noqa: E731
+    assert make(clock, bound_passes=2).choose("k", lambda: runs, floors) == "plain"
+    assert calls == ["plain", "evict", "plain", "evict", "plain"]
 
 
 def test_floors_without_a_bound_measure_in_full_and_refuse_unknown_paths():

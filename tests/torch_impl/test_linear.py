@@ -12,6 +12,7 @@ import torch_impl.linear as linear_module
 import torch_impl.linear as torch_linear
 from kernels.cpu import torch_gemv
 from parity.tolerances import TOLERANCES
+from spec.path_choice import Pass
 from torch_impl.linear import PATHS, Linear, _onednn_available, forms_for, has_choice, linear, path_of
 
 MAX_REL = TOLERANCES["float32"].max_rel  # reordered float32 sums, the table's reviewed bound
@@ -229,3 +230,21 @@ def test_a_models_own_weights_are_timed_where_it_has_enough_of_them(fresh_choice
         linear_module._candidates(("f_linear",), x2, weights[0], None)["f_linear"]()
     arena = linear_module._arena(torch.float32)
     assert len(seen) == 16 and seen[0] == arena.data_ptr() and seen[-1] == arena.data_ptr() + 15 * 256 * 1024 * 4
+
+
+def test_streaming_passes_evict_their_weights_and_compute_bound_ones_do_not(fresh_choices, monkeypatch):
+    """A few-row product's passes, and a table's first rows, are Passes that evict exactly the weights they stream
+    before each timed pass (spec/path_choice.py); a prefill-sized product's passes find the caches as they are."""
+    evicted: list[list[tuple[int, int]]] = []
+    monkeypatch.setattr(linear_module, "evicting", lambda buffers: evicted.append(list(buffers)) or (lambda: None))
+    weights = [torch.full((256, 1024), float(i)) for i in range(16)]  # 1 MiB each: a pass takes 16
+    with torch.inference_mode(), linear_module.resident_weights(weights):
+        few = linear_module._candidates(("gemv", "f_linear"), torch.ones(1, 1024), weights[0], None)
+    assert all(isinstance(p, Pass) for p in few.values())
+    assert evicted == [[(w.data_ptr(), 256 * 1024 * 4) for w in weights]]
+    table = torch.ones(linear_module.STREAM_BYTES // 4096 + 8, 1024)  # larger than a pass: its first rows
+    head = linear_module._candidates(("f_linear",), torch.ones(1, 1024), table, None)
+    assert isinstance(head["f_linear"], Pass) and evicted[-1] == [(table.data_ptr(), linear_module.STREAM_BYTES)]
+    evicted.clear()
+    many = linear_module._candidates(("f_linear", "onednn"), torch.ones(64, 1024), weights[0], None)
+    assert evicted == [] and not any(isinstance(p, Pass) for p in many.values())

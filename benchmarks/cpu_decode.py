@@ -91,13 +91,11 @@ def chosen_paths(name: str) -> dict:
     chosen = paths.chosen()
     shapes = {" ".join(map(str, key)): choice.path for key, choice in sorted(chosen.items(), key=str)}
     prompt = sum(choice.cost for key, choice in chosen.items() if key[0] > DECODE_ROWS)  # a key's first item: rows
-    if name.startswith("jax_impl"):  # a dense layer's decode step: one call or XLA's operators (measured)
-        from jax_impl.layer_choice import LAYERS
-
-        for key, choice in LAYERS.chosen().items():
-            timed = ", ".join(f"{path} {seconds * 1e3:.2f} ms" for path, seconds in choice.seconds.items())
-            timed += "".join(f", {path} at least {seconds * 1e3:.2f} ms" for path, seconds in choice.floors.items())
-            shapes[f"layer {key[0]} {key[1]}"] = f"{choice.path} ({timed})"
+    layers = __import__(f"{name.split('/')[0]}.layer_choice", fromlist=["LAYERS"]).LAYERS  # one call or operators
+    for key, choice in layers.chosen().items():
+        timed = ", ".join(f"{path} {seconds * 1e3:.2f} ms" for path, seconds in choice.seconds.items())
+        timed += "".join(f", {path} at least {seconds * 1e3:.2f} ms" for path, seconds in choice.floors.items())
+        shapes[f"layer {key[0]} {key[1]}"] = f"{choice.path} ({timed})"
     return {
         "paths": shapes,
         "choice_cost_s": paths.cost(),

@@ -29,7 +29,7 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 from kernels.cpu import decode_layer_operands, torch_decode_layer, torch_decode_ops
 from spec import ModelSpec
 from spec.kv_cache import full_error
-from torch_impl import linear
+from torch_impl import layer_choice, linear
 from torch_impl.attention import Attention
 from torch_impl.decoder_layer_plain import ParallelDecoderLayer, PostNormDecoderLayer
 from torch_impl.layernorm import make_norm
@@ -73,7 +73,8 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = make_norm(spec, h, kernels=kernels)
         # the layers decode_layer.c computes; the rest of the rule is asked per step
         self.one_call = decode_layer_operands.computes(spec, layer_idx) and kernels == "reference" and tp == 1
-        self._gemv_known: dict[tuple[int, torch.dtype], tuple[int, bool]] = {}  # (rows, dtype): (PATHS.version, ok)
+        # (rows, dtype): ((linear.PATHS.version, LAYERS.version), whether the step runs in one call)
+        self._choice_known: dict[tuple[int, torch.dtype], tuple[tuple[int, int], bool]] = {}
         self._one_call_prepared: torch_decode_layer.LayerCall | None = None  # the last step's, kept while it stands
 
     def forward(
@@ -89,7 +90,8 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`routing`: teacher-forced expert ids per sparse layer (CausalLM.forward checks them); a sparse layer
         uses its own entry, if any."""
-        if self.one_call and cache is not None and trace is None and self._takes_one_call(hidden, residual, cache):
+        if self.one_call and cache is not None and trace is None and self._takes_one_call(hidden, residual, cos, sin,
+                                                                                          mask, cache):  # fmt: skip
             return self._decode_in_one_call(hidden, residual, cos, sin, mask, cache)
         if residual is None:  # layer 0: the residual stream starts as the embedding h0
             residual, hidden = hidden, self.input_layernorm(hidden)
@@ -125,29 +127,41 @@ class DecoderLayer(nn.Module):
             trace[f"{name}.x2"] = (hidden.float() + residual.float()).to(hidden.dtype)
         return hidden, residual
 
-    def _takes_one_call(self, hidden: torch.Tensor, residual: torch.Tensor | None, cache: KVCache) -> bool:
-        """Whether this step runs in one call: a decode step's rows (torch_decode_ops.takes_step), the cache in the
-        activations' dtype, no forward hook waiting on a module the call stands in for (`_hooks_wait`), and every
-        product of the layer on the few-row kernel (asked of the choices once per row count and dtype, again after they
-        are cleared; a forced path is asked every time)."""
-        norm = self.input_layernorm
-        if not (
-            torch_decode_ops.takes_step(hidden, norm.weight, residual)
+    def _takes_one_call(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache
+                        ) -> bool:  # fmt: skip
+        """Whether this step runs in one call: the step's rules (`_step_takes`), and the layer's choice
+        (torch_impl/layer_choice.py: the kernel applies to all six products, and the call was measured faster or is
+        pinned), asked once per row count and dtype, again after either choice is cleared; a forced path is asked
+        every time."""
+        if not self._step_takes(hidden, residual, cache):
+            return False
+        known = self._known_choice(hidden)
+        if known is not None:
+            return known
+        ok = layer_choice.charged_choice(self, hidden, residual, cos, sin, mask, cache)
+        if not _pinned():
+            versions = (linear.PATHS.version, layer_choice.LAYERS.version)
+            self._choice_known[(hidden.shape[0], hidden.dtype)] = (versions, ok)
+        return ok
+
+    def _step_takes(self, hidden: torch.Tensor, residual: torch.Tensor | None, cache: KVCache) -> bool:
+        """A decode step's rows (torch_decode_ops.takes_step), the cache in the activations' dtype, and no forward
+        hook waiting on a module the call stands in for (`_hooks_wait`)."""
+        return (
+            torch_decode_ops.takes_step(hidden, self.input_layernorm.weight, residual)
             and cache.k[self.layer_idx].dtype is hidden.dtype
             and torch_decode_layer.enabled()
             and not self._hooks_wait()
-        ):
-            return False
-        key, version = (hidden.shape[0], hidden.dtype), linear.PATHS.version
-        known = self._gemv_known.get(key)
-        if known is not None and known[0] == version and linear.PATHS.forced_path() is None:
-            return known[1]
-        attn, mlp = self.self_attn, self.mlp
-        products = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        ok = linear.takes_gemv(products, hidden.shape[0], hidden.dtype)
-        if linear.PATHS.forced_path() is None:
-            self._gemv_known[key] = (version, ok)
-        return ok
+        )
+
+    def _known_choice(self, hidden: torch.Tensor) -> bool | None:
+        """The layer's choice for this step's rows and dtype where it was made since the choices were last cleared
+        and neither is forced; else None."""
+        if _pinned():
+            return None
+        known = self._choice_known.get((hidden.shape[0], hidden.dtype))
+        versions = (linear.PATHS.version, layer_choice.LAYERS.version)
+        return known[1] if known is not None and known[0] == versions else None
 
     def prepared_step(self, hidden: torch.Tensor, cache: KVCache) -> torch_decode_layer.LayerCall | None:
         """This layer's decode step of `hidden` as the LayerCall an earlier step laid out, where the rule takes the
@@ -159,7 +173,12 @@ class DecoderLayer(nn.Module):
             return None
         if self._forward_hooks or self._forward_pre_hooks:
             return None
-        if not self.one_call or not self._takes_one_call(hidden, None, cache):
+        if not (self.one_call and self._step_takes(hidden, None, cache)):
+            return None
+        known = self._known_choice(hidden)
+        if known is None and _pinned():  # a pinned choice measures nothing: asked here
+            known = layer_choice.takes_one_call(self, hidden, None, None, None, None, cache)
+        if not known:  # not taken, or not chosen yet: the layer's forward asks (and measures)
             return None
         i = self.layer_idx
         return call if call.stands_for(self._one_call_weights(), cache.k[i], cache.v[i]) else None
@@ -197,6 +216,11 @@ class DecoderLayer(nn.Module):
         if call.copied:  # it read a contiguous copy of a weight: the next step lays out anew
             self._one_call_prepared = None
         return out
+
+
+def _pinned() -> bool:
+    """Whether the products' path or the layer's is forced in this thread (asked anew at every step)."""
+    return linear.PATHS.forced_path() is not None or layer_choice.LAYERS.forced_path() is not None
 
 
 # decode_layer.c's weights (LayerWeights' fields) as this layer's attribute paths

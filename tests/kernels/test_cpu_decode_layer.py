@@ -18,7 +18,7 @@ from kernels.cpu import torch_decode_layer, torch_decode_ops
 from spec import DEFAULT_SPEC, InputError, ModelSpec
 from spec.path_choice import Choice
 from tests.kernels.decode_layer_cases import MASK, PROMPT, SPECS, STEPS, needs_kernels, write
-from torch_impl import linear
+from torch_impl import layer_choice, linear
 from torch_impl.kv_cache import KVCache
 
 pytestmark = needs_kernels
@@ -91,6 +91,10 @@ def test_the_layer_keeps_its_operators_where_the_rule_fails(tmp_path, count_call
         generate(model)
     with linear.PATHS.forced("gemv"), torch_decode_ops.reference_only():  # the side-by-side reference runs
         generate(model)
+    with linear.PATHS.forced("gemv"), layer_choice.LAYERS.forced("operators"):  # the layer's own pin
+        generate(model)
+    with linear.PATHS.forced("f_linear"), layer_choice.LAYERS.forced("one_call"):  # products pinned elsewhere
+        generate(model)
     with linear.PATHS.forced("gemv"):
         model(PROMPT, attention_mask=MASK)  # a forward outside generation's decode steps
         with torch_decode_ops.decode_steps():
@@ -111,34 +115,48 @@ def test_sliding_layers_keep_their_operators(tmp_path, count_calls):
     assert np.array_equal(one.tokens, per.tokens) and all(map(np.array_equal, one.logits, per.logits))
 
 
-def test_cleared_choices_are_asked_again(tmp_path, count_calls):
-    """Where the choices say gemv for every product the layer takes one call; once they are cleared and say
-    otherwise for one product, it does not (what it learnt is keyed on PATHS.version)."""
+def test_the_layers_own_choice_decides_and_is_asked_again_once_cleared(tmp_path, count_calls):
+    """The layer takes one call where its own choice (torch_impl/layer_choice.py) says so, whatever one product's
+    choice says (o_proj on F.linear here); once the choices are cleared and it says operators, it does not (what the
+    layer learnt is keyed on both choices' versions). Unsettled, it times both paths on a scratch cache, takes what it
+    chose, leaves the generation bit for bit as the operators' and charges its time to linear.PATHS."""
     model = load(tmp_path, DEFAULT_SPEC, "float32")
     layer = model.model.layers[0]
-    products = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj]
-    products += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
-    saved = linear.PATHS.chosen()
+    products = layer_choice._products(layer)
+    key = (3, "float32", tuple(tuple(p.weight.shape) for p in products), layer.self_attn.q_norm is not None, False)
 
-    def settle(paths: list[str], rows: int = 3) -> None:
+    def settle(layer_path: str | None, product_paths: list[str]) -> None:
         linear.PATHS.clear()
-        for product, path in zip(products, paths, strict=True):
+        layer_choice.LAYERS.clear()
+        for product, path in zip(products, product_paths, strict=True):
             out, into = product.weight.shape
-            linear.PATHS._chosen[(rows, into, out, "float32", False)] = Choice(path, {}, 0.0)
+            linear.PATHS._chosen[(3, into, out, "float32", False)] = Choice(path, {}, 0.0)
+        if layer_path is not None:
+            layer_choice.LAYERS._chosen[key] = Choice(layer_path, {}, 0.0)
 
     original = linear.MIN_CHOICE_BYTES
     try:
-        linear.MIN_CHOICE_BYTES = 0  # the test model's weights take their recorded choices
-        settle(["gemv"] * 6)
+        linear.MIN_CHOICE_BYTES = 0  # the test model's weights take their recorded choices, or are measured
+        settle("one_call", ["gemv"] * 3 + ["f_linear"] + ["gemv"] * 2)
         generate(model)
-        assert count_calls() == (STEPS - 1) * 2
-        settle(["gemv"] * 3 + ["f_linear"] + ["gemv"] * 2)
+        assert count_calls() == (STEPS - 1) * 2 and count_calls.stacks() == STEPS - 2
+        settle("operators", ["gemv"] * 6)
         generate(model)
-        assert count_calls() == (STEPS - 1) * 2  # o_proj's F.linear: every step per operator
+        assert count_calls() == (STEPS - 1) * 2 and count_calls.stacks() == STEPS - 2  # none more
+        settle(None, ["gemv"] * 6)
+        measured = generate(model)
+        chosen = layer_choice.LAYERS.chosen()[key]
+        assert set(chosen.seconds) == {"one_call", "operators"}
+        assert count_calls.stacks() == (STEPS - 2) * (2 if chosen.path == "one_call" else 1)
+        charged = linear.PATHS.cost() - sum(c.cost for c in linear.PATHS.chosen().values())  # beyond the products'
+        assert charged == pytest.approx(chosen.cost)  # the step's products were settled: the layer's time alone
+        with torch_decode_layer.per_operator():
+            per = generate(model)
+        assert np.array_equal(measured.tokens, per.tokens) and all(map(np.array_equal, measured.logits, per.logits))
     finally:
         linear.MIN_CHOICE_BYTES = original
         linear.PATHS.clear()
-        linear.PATHS._chosen.update(saved)
+        layer_choice.LAYERS.clear()
 
 
 def test_a_full_cache_is_refused_as_cache_update_refuses_it(tmp_path):

@@ -1,0 +1,98 @@
+"""Whether a dense layer's CPU decode step runs in one call (kernels/cpu/torch_decode_layer.py) or as torch's
+operators, chosen by timing on the machine that runs it: `LAYERS`, a spec/path_choice.py `PathChoice` of its own.
+Mirrors jax_impl/layer_choice.py.
+
+The products' own choices (torch_impl/linear.py) cannot decide it. Timed alone, F.linear and the few-row kernel can
+stream a decode-sized weight within a few percent of each other, and one product's near-tie taken the other way would
+keep the whole layer on its operators (its ~30 calls from Python a step), though the one call runs the same kernel
+products and saves what those calls cost around them (docs/benchmarks.md). So where the kernel applies to all six
+products, the layer asks `LAYERS` once per shape, timing one decode step of the layer itself each way over a scratch
+cache of its own cache's shape, its weights evicted from the caches before each pass (kernels/cpu/evict.py), as a
+decode step finds them in memory. Both passes are cheap to build in torch (nothing compiles), so both are timed; the
+call (the default) stays unless the operators beat it in every round.
+
+Products pinned by `linear.PATHS.forced(...)`: to the kernel, the one call computes exactly those products (bit for
+bit: tests/kernels/test_cpu_decode_layer.py) and is taken; to another path, the operators run it. A layer whose weights
+stay in cache (a test model's) keeps its operators unmeasured. `LAYERS.forced(...)` pins either. Its cost is charged
+to linear.PATHS, so what choosing cost is told in one figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from kernels.cpu.evict import evicting
+from spec.path_choice import Pass, PathChoice, Timed
+from torch_impl import linear
+from torch_impl.kv_cache import KVCache
+
+# Three rounds, as the products' choice: a one-layer pass is a few ms, and a near-tie must not move the layer on noise.
+LAYERS = PathChoice("torch_impl.decoder_layer", ("one_call", "operators"), repeats=3)
+
+
+def takes_one_call(
+    layer: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache
+) -> bool:
+    """Whether `layer` (torch_impl/decoder_layer.py's DecoderLayer) runs this decode step in one call: the kernel
+    applies to every one of its six products, their path is not pinned to another one, and the call was measured
+    faster (or is forced; see the docstring)."""
+    products, rows = _products(layer), hidden.shape[0] * hidden.shape[1]
+    x2 = [hidden.new_empty((rows, p.weight.shape[1])) for p in products]  # [tokens, in] as each product takes it
+    if not all("gemv" in linear.forms_for(x, p.weight, p.bias) for x, p in zip(x2, products, strict=True)):
+        return False
+    pinned, forced = linear.PATHS.forced_path(), LAYERS.forced_path()
+    if pinned is not None and pinned != "gemv":
+        return False  # the products are pinned to another path: the operators run it
+    if forced is not None or pinned is not None:
+        return forced != "operators"
+    if min(p.weight.numel() * p.weight.element_size() for p in products) < linear.MIN_CHOICE_BYTES:
+        return False  # a layer that stays in cache: nothing to stream, nothing worth measuring
+    shapes = tuple(tuple(p.weight.shape) for p in products)
+    key = (rows, str(hidden.dtype).removeprefix("torch."), shapes, layer.self_attn.q_norm is not None)
+    key += (products[0].bias is not None,)
+    return LAYERS.choose(key, lambda: _passes(layer, hidden, residual, cos, sin, mask, cache)) == "one_call"
+
+
+def charged_choice(
+    layer: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache
+) -> bool:
+    """`takes_one_call`, its measuring time (if any) charged to linear.PATHS, less the products' own choices made
+    meanwhile (the operators' pass asks them, and they are charged there already)."""
+    before, products = LAYERS.cost(), linear.PATHS.cost()
+    taken = takes_one_call(layer, hidden, residual, cos, sin, mask, cache)
+    linear.PATHS.charge(max(0.0, (LAYERS.cost() - before) - (linear.PATHS.cost() - products)))
+    return taken
+
+
+def _products(layer: nn.Module) -> tuple[nn.Linear, ...]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def _passes(
+    layer: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache
+) -> dict[str, Timed]:
+    """A timed pass per path: this decode step of `layer` (its forward, not its module call: no hook waits on it,
+    or the layer would not be asking) over a scratch cache holding as many slots as `cache`, so the pass attends to
+    as many keys; its writes land in the scratch, never in `cache`."""
+    i = layer.layer_idx
+    k, v = cache.k[i], cache.v[i]
+    filler = k.new_zeros(())  # the other layers' entries: never read
+    scratch = KVCache((filler,) * i + (torch.zeros_like(k),), (filler,) * i + (torch.zeros_like(v),), cache.max_len,
+                      (False,) * (i + 1))  # fmt: skip
+    scratch.length = cache.length
+    weights = [t for t in vars(layer._one_call_weights()).values() if isinstance(t, torch.Tensor)]
+    evict = evicting((t.data_ptr(), t.numel() * t.element_size()) for t in (*weights, scratch.k[i], scratch.v[i]))
+
+    def step(path: str) -> Callable[[], object]:
+        def run() -> None:
+            with LAYERS.forced(path), torch.inference_mode():
+                layer.forward(hidden, residual, cos, sin, mask, scratch)
+
+        return run
+
+    runs = {path: step(path) for path in LAYERS.paths}
+    return runs if evict is None else {path: Pass(run, evict) for path, run in runs.items()}

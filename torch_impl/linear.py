@@ -218,12 +218,6 @@ def path_of(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return PATHS.choose(key, lambda: _candidates(paths, x2, weight, bias))
 
 
-def takes_gemv(products: Iterable[nn.Linear], rows: int, dtype: torch.dtype) -> bool:
-    """Whether each of `products` takes the few-row kernel ("gemv") for `rows` token rows of `dtype`, measured now
-    where its choice is due: torch_impl/decoder_layer.py asks before it runs a whole layer in one call."""
-    return all(path_of(torch.zeros(rows, p.weight.shape[1], dtype=dtype), p.weight, p.bias) == "gemv" for p in products)
-
-
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, path: str | None = None
 ) -> torch.Tensor:

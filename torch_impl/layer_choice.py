@@ -7,9 +7,9 @@ stream a decode-sized weight within a few percent of each other, and one product
 keep the whole layer on its operators (its ~30 calls from Python a step), though the one call runs the same kernel
 products and saves what those calls cost around them (docs/benchmarks.md). So where the kernel applies to all six
 products, the layer asks `LAYERS` once per shape, timing one decode step of the layer itself each way over a scratch
-cache of its own cache's shape, its weights evicted from the caches before each pass (kernels/cpu/evict.py), as a
-decode step finds them in memory. Both passes are cheap to build in torch (nothing compiles), so both are timed; the
-call (the default) stays unless the operators beat it in every round.
+cache of as many filled slots as its own, its weights evicted from the caches before each pass
+(kernels/cpu/evict.py), as a decode step finds them in memory. Both passes are cheap to build in torch (nothing
+compiles), so both are timed; the call (the default) stays unless the operators beat it in every round.
 
 Products pinned by `linear.PATHS.forced(...)`: to the kernel, the one call computes exactly those products (bit for
 bit: tests/kernels/test_cpu_decode_layer.py) and is taken; to another path, the operators run it. A layer whose weights
@@ -75,14 +75,14 @@ def _products(layer: nn.Module) -> tuple[nn.Linear, ...]:
 def _passes(
     layer: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache
 ) -> dict[str, Timed]:
-    """A timed pass per path: this decode step of `layer` (its forward, not its module call: no hook waits on it,
-    or the layer would not be asking) over a scratch cache holding as many slots as `cache`, so the pass attends to
-    as many keys; its writes land in the scratch, never in `cache`."""
-    i = layer.layer_idx
-    k, v = cache.k[i], cache.v[i]
-    filler = k.new_zeros(())  # the other layers' entries: never read
-    scratch = KVCache((filler,) * i + (torch.zeros_like(k),), (filler,) * i + (torch.zeros_like(v),), cache.max_len,
-                      (False,) * (i + 1))  # fmt: skip
+    """A timed pass per path: this decode step of `layer` (its forward, not its module call, whose hooks must not see
+    a timing pass) over a scratch cache of the filled slots and this step's one, so the pass attends to as many keys
+    as the step; its writes land in the scratch, never in `cache`, and it costs no more memory than they hold."""
+    i, slots = layer.layer_idx, cache.length + 1
+    (b, n_kv, _, d), dtype = cache.k[i].shape, cache.k[i].dtype
+    filler = torch.zeros((), dtype=dtype)  # the other layers' entries: never read
+    k, v = torch.zeros(b, n_kv, slots, d, dtype=dtype), torch.zeros(b, n_kv, d, slots, dtype=dtype)  # as KVCache's
+    scratch = KVCache((filler,) * i + (k,), (filler,) * i + (v,), slots, (False,) * (i + 1))
     scratch.length = cache.length
     weights = [t for t in vars(layer._one_call_weights()).values() if isinstance(t, torch.Tensor)]
     evict = evicting((t.data_ptr(), t.numel() * t.element_size()) for t in (*weights, scratch.k[i], scratch.v[i]))

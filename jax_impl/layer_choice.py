@@ -15,11 +15,11 @@ layer asks `LAYERS` once per shape, timing chains of CHAIN layers over the model
 2. Otherwise both chains, the operators' with the products in their chosen forms, timed in turn; the call (the
    default) stays unless the operators beat it in every round.
 
-Products pinned by `linear.PATHS.forced(...)`: to the kernel, the one call computes exactly those products and is
-taken; to another form, the operators run it. Its cost is charged to linear.PATHS, so what choosing cost is told in
-one figure. A layer whose weights stay in cache (a test model's) keeps its operators unmeasured, as its products keep
-the single dot. `LAYERS.forced(...)` pins either for tests and side-by-side runs. torch_impl/layer_choice.py is its
-twin.
+Products pinned by `linear.PATHS.forced(...)` (spec/layer_choice.py): to the kernel, the one call computes exactly
+those products and is taken; to another form, the operators run it. Its cost is charged to linear.PATHS, so what
+choosing cost is told in one figure. A layer whose weights stay in cache (a test model's) keeps its operators
+unmeasured, as its products keep the single dot. `LAYERS.forced(...)` pins either for tests and side-by-side runs.
+torch_impl/layer_choice.py is its twin.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from jax_impl import linear
 from jax_impl.product_timing import buffers, filled
 from kernels.cpu import jax_decode_ops
 from kernels.cpu.evict import evicting
+from spec.layer_choice import pinned_one_call
 from spec.path_choice import Floors, Pass, PathChoice
 
 if TYPE_CHECKING:
@@ -57,11 +58,9 @@ def takes_one_call(layer: nnx.Module, hidden: jax.Array, cos: jax.Array, cache: 
     x2 = [jax.ShapeDtypeStruct((rows, p.in_features), dtype) for p in products]
     if not all("gemv" in linear.forms_for(x, p.kernel[...], dims) for x, p in zip(x2, products, strict=True)):
         return False
-    pinned, forced = linear.PATHS.forced_path(), LAYERS.forced_path()
-    if pinned is not None and pinned != "gemv":
-        return False  # the products are pinned to another form: the operators run it
-    if forced is not None or pinned is not None:
-        return forced != "operators"
+    pinned = pinned_one_call(linear.PATHS, LAYERS)
+    if pinned is not None:
+        return pinned
     if min(_nbytes(p) for p in products) < linear.MIN_CHOICE_BYTES:
         return False  # a layer that stays in cache: nothing to stream, nothing worth measuring
     shapes = tuple(p.kernel.shape for p in products)

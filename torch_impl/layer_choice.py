@@ -11,10 +11,10 @@ cache of as many filled slots as its own, its weights evicted from the caches be
 (kernels/cpu/evict.py), as a decode step finds them in memory. Both passes are cheap to build in torch (nothing
 compiles), so both are timed; the call (the default) stays unless the operators beat it in every round.
 
-Products pinned by `linear.PATHS.forced(...)`: to the kernel, the one call computes exactly those products (bit for
-bit: tests/kernels/test_cpu_decode_layer.py) and is taken; to another path, the operators run it. A layer whose weights
-stay in cache (a test model's) keeps its operators unmeasured. `LAYERS.forced(...)` pins either. Its cost is charged
-to linear.PATHS, so what choosing cost is told in one figure.
+Products pinned by `linear.PATHS.forced(...)` (spec/layer_choice.py): to the kernel, the one call computes exactly
+those products (bit for bit: tests/kernels/test_cpu_decode_layer.py) and is taken; to another path, the operators
+run it. A layer whose weights stay in cache (a test model's) keeps its operators unmeasured. `LAYERS.forced(...)`
+pins either. Its cost is charged to linear.PATHS, so what choosing cost is told in one figure.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from kernels.cpu.evict import evicting
+from spec.layer_choice import pinned_one_call
 from spec.path_choice import Pass, PathChoice, Timed
 from torch_impl import linear
 from torch_impl.kv_cache import KVCache
@@ -43,11 +44,9 @@ def takes_one_call(
     x2 = [hidden.new_empty((rows, p.weight.shape[1])) for p in products]  # [tokens, in] as each product takes it
     if not all("gemv" in linear.forms_for(x, p.weight, p.bias) for x, p in zip(x2, products, strict=True)):
         return False
-    pinned, forced = linear.PATHS.forced_path(), LAYERS.forced_path()
-    if pinned is not None and pinned != "gemv":
-        return False  # the products are pinned to another path: the operators run it
-    if forced is not None or pinned is not None:
-        return forced != "operators"
+    pinned = pinned_one_call(linear.PATHS, LAYERS)
+    if pinned is not None:
+        return pinned
     if min(p.weight.numel() * p.weight.element_size() for p in products) < linear.MIN_CHOICE_BYTES:
         return False  # a layer that stays in cache: nothing to stream, nothing worth measuring
     shapes = tuple(tuple(p.weight.shape) for p in products)

@@ -171,31 +171,42 @@ class DecoderLayer(nn.Module):
         call = self._one_call_prepared
         if call is None or not call.laid_out or cache.length >= cache.max_len:  # a full cache: forward refuses it
             return None
-        if self._forward_hooks or self._forward_pre_hooks:
+        if self._forward_hooks or self._forward_pre_hooks or not self.one_call:
             return None
-        if not (self.one_call and self._step_takes(hidden, None, cache)):
+        hooked, weights = self._walk()  # the modules and weights in one pass: asked of every layer at every step
+        i = self.layer_idx
+        if hooked or not (
+            torch_decode_ops.takes_step(hidden, weights[0])
+            and cache.k[i].dtype is hidden.dtype
+            and torch_decode_layer.enabled()
+            and not (_global_forward_hooks or _global_forward_pre_hooks)
+        ):  # `_step_takes`, its weight read from the walk
             return None
         known = self._known_choice(hidden)
         if known is None and _pinned():  # a pinned choice measures nothing: asked here
             known = layer_choice.takes_one_call(self, hidden, None, None, None, None, cache)
         if not known:  # not taken, or not chosen yet: the layer's forward asks (and measures)
             return None
-        i = self.layer_idx
-        return call if call.stands_for(self._one_call_weights(), cache.k[i], cache.v[i]) else None
+        return call if call.stands_for(weights, cache.k[i], cache.v[i]) else None
 
     def _hooks_wait(self) -> bool:
         """Whether a forward hook waits on a module whose forward the one call would skip: a global one, or one on a
         module the call stands in for (the norms, the attention and the MLP, their products and q/k norms)."""
-        if _global_forward_hooks or _global_forward_pre_hooks:
-            return True
-        for path in _ONE_CALL_MODULES:
-            module = _read(self, path)
-            if module is not None and (module._forward_hooks or module._forward_pre_hooks):
-                return True
-        return False
+        return bool(_global_forward_hooks or _global_forward_pre_hooks) or self._walk()[0]
 
     def _one_call_weights(self) -> torch_decode_layer.LayerWeights:
-        return torch_decode_layer.LayerWeights(**{name: _read(self, path) for name, path in _ONE_CALL_WEIGHTS.items()})
+        return torch_decode_layer.LayerWeights(*self._walk()[1])
+
+    def _walk(self) -> tuple[bool, tuple[torch.Tensor | None, ...]]:
+        """(whether a forward hook waits on a module the call stands in for, the call's weights in LayerWeights'
+        field order), each module on the weights' paths visited once, read through the modules' own tables
+        (`_child`): a decode step asks this of every layer."""
+        nodes, hooked = [self], False
+        for parent, name in _MODULE_STEPS:
+            module = _child(nodes[parent], name)
+            hooked = hooked or (module is not None and bool(module._forward_hooks or module._forward_pre_hooks))
+            nodes.append(module)
+        return hooked, tuple(_child(nodes[at], name) for at, name in _WEIGHT_STEPS)
 
     def _decode_in_one_call(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache
@@ -234,20 +245,24 @@ _ONE_CALL_WEIGHTS = {
 }  # fmt: skip
 
 
-# the modules a one-call step stands in for, as attribute paths: those on the way to its weights
+# the modules a one-call step stands in for, as attribute paths: those on the way to its weights (a parent before its
+# children); and the walk over them (DecoderLayer._walk): each module as (its parent's place among [the layer,
+# *_ONE_CALL_MODULES], its name), each weight as (its module's place, its name)
 _ONE_CALL_MODULES = tuple(sorted({path[:i] for path in _ONE_CALL_WEIGHTS.values() for i in range(1, len(path))}))
+_MODULE_STEPS = tuple(
+    (_ONE_CALL_MODULES.index(path[:-1]) + 1 if path[:-1] else 0, path[-1]) for path in _ONE_CALL_MODULES
+)
+_WEIGHT_STEPS = tuple((_ONE_CALL_MODULES.index(path[:-1]) + 1, path[-1]) for path in _ONE_CALL_WEIGHTS.values())
 
 
-def _read(module: nn.Module, path: tuple[str, ...]) -> nn.Module | torch.Tensor | None:
-    """module's attribute at `path` (None where a link is None: no q/k norm, no bias), read from the modules' own
-    tables where the name is registered there, as nn.Module.__getattr__ would find it without its Python call per
-    name: a decode step reads these sixteen paths for every layer to know its prepared call still stands."""
-    for name in path:
-        if module is None:
-            return None
-        modules, parameters = module._modules, module._parameters
-        module = modules[name] if name in modules else parameters[name] if name in parameters else getattr(module, name)
-    return module
+def _child(module: nn.Module | None, name: str) -> nn.Module | torch.Tensor | None:
+    """module's attribute `name` (None where module is None: no q/k norm), read from the modules' own tables where
+    the name is registered there, as nn.Module.__getattr__ would find it without its Python call (1.7 us a
+    three-name path against 0.1)."""
+    if module is None:
+        return None
+    modules, parameters = module._modules, module._parameters
+    return modules[name] if name in modules else parameters[name] if name in parameters else getattr(module, name)
 
 
 def decoder_layer(

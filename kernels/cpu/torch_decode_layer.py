@@ -111,8 +111,9 @@ def _check(x, residual, w: LayerWeights, cos, sin, k_cache, v_cache, pos, mask, 
 
 
 def _fingerprint(tensors) -> tuple:
-    """Each tensor's address, shape and dtype (None for None): what the kernel's struct took from it."""
-    return tuple(None if t is None else (t.data_ptr(), t.shape, t.dtype) for t in tensors)
+    """Each tensor's address, shape, strides and dtype (None for None): what the kernel's struct took from it (a
+    `.data` reassigned to a transposed view of the same memory keeps the address and, square, the shape)."""
+    return tuple(None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors)
 
 
 def _weak(t: torch.Tensor | None) -> Callable[[], torch.Tensor | None]:
@@ -147,12 +148,22 @@ class LayerCall:
     def __reduce__(self):
         return type(None), ()  # addresses of this process's memory: a pickled layer carries no call
 
-    def stands_for(self, weights: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-        """Whether this call computes with these operands: the same tensors, at the same addresses, none of the
-        weights copied to be contiguous (a copy would not see a write to its original)."""
-        operands = (*vars(weights).values(), k_cache, v_cache)
-        same = all(ref() is t for ref, t in zip(self._refs, operands, strict=True))
-        return same and not self._copied and self._fingerprint == _fingerprint(operands)
+    def stands_for(
+        self, weights: LayerWeights | tuple[torch.Tensor | None, ...], k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> bool:
+        """Whether this call computes with these operands (`weights` as LayerWeights or its fields' values in
+        order): the same tensors, at the same addresses, of the same shapes, strides and dtypes, none of the weights
+        copied to be contiguous (a copy would not see a write to its original). Asked of every layer at every step:
+        each operand compared in turn, the first difference ends it."""
+        if self._copied:
+            return False
+        operands = (*(weights if isinstance(weights, tuple) else vars(weights).values()), k_cache, v_cache)
+        for ref, t, held in zip(self._refs, operands, self._fingerprint, strict=True):
+            if ref() is not t:
+                return False
+            if t is not None and (t.data_ptr(), t.shape, t.stride(), t.dtype) != held:
+                return False
+        return True
 
     def __call__(
         self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, pos: int,

@@ -50,6 +50,12 @@ def reassign_data(model):
     down.weight.data = down.weight.detach() * 2
 
 
+def restride_data(model):
+    """The same memory, shape and address read with other strides (column by column): only the strides tell it."""
+    down = model.model.layers[1].mlp.down_proj
+    down.weight.data = down.weight.detach().as_strided(down.weight.shape, (1, down.weight.shape[0]))
+
+
 def write_in_place(model):
     model.model.layers[1].mlp.down_proj.weight.mul_(2)
 
@@ -61,6 +67,7 @@ def write_a_bias(model):
 CHANGES = {
     "parameter replaced": ("qwen3", replace_parameter),
     "data reassigned": ("qwen3", reassign_data),
+    "data restrided": ("qwen3", restride_data),
     "written in place": ("qwen3", write_in_place),
     "bias written in place": ("qwen2-bias", write_a_bias),
 }
@@ -139,6 +146,25 @@ def test_a_stack_takes_laid_out_calls_only(tmp_path):
     for calls in ([], [call]):
         with pytest.raises(ValueError, match="a stack takes laid-out calls"):
             torch_decode_layer.LayerStack(calls)
+
+
+@pytest.mark.parametrize("change", ["parameter replaced", "data reassigned", "data restrided"])
+def test_a_call_stands_for_its_weights_until_one_changes_where_it_reads(tmp_path, change):
+    """What a prepared call checks at every step, unit by unit: the same tensors at the same addresses, shapes,
+    strides and dtypes (a weight's memory read with other strides has the same address and shape); a write in place
+    changes none of them and the call still stands."""
+    model = load(tmp_path)
+    layer = model.model.layers[1]
+    cache = KVCache.create(model.module_spec, 1, 4, torch.float32)
+    call = torch_decode_layer.LayerCall(
+        layer._one_call_weights(), cache.k[1], cache.v[1], heads=layer.self_attn.num_heads, eps=1e-6, scale=0.1
+    )
+    assert call.stands_for(layer._one_call_weights(), cache.k[1], cache.v[1])
+    with torch.no_grad():
+        write_in_place(model)
+        assert call.stands_for(layer._one_call_weights(), cache.k[1], cache.v[1])
+        CHANGES[change][1](model)
+    assert not call.stands_for(layer._one_call_weights(), cache.k[1], cache.v[1])
 
 
 def test_a_stacked_step_names_a_bad_operand(tmp_path):

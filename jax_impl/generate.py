@@ -191,8 +191,10 @@ def generate(
 ) -> Generation:
     """Generate up to `max_new_tokens` per row. `eos_token_ids` None = the checkpoint's; () = never stop.
 
-    `stream(step, tokens[B])` is called as each token is produced. With the `mesh` a sharded model was
-    loaded on, the steps run with explicit shardings and greedy decoding never gathers the vocabulary.
+    `stream(step, tokens[B])` is called as each token is produced, while the next step already runs (JAX dispatches
+    it first, so the host's work of a step overlaps the device's; where every row has ended, that one step is
+    computed and dropped). With the `mesh` a sharded model was loaded on, the steps run with explicit shardings and
+    greedy decoding never gathers the vocabulary.
     """
     params = SamplingParams(temperature, top_k, top_p, seed)
     if isinstance(input_ids, jax.Array):
@@ -226,17 +228,21 @@ def generate(
         token.block_until_ready()
         prefill_done = time.perf_counter()
         for step in range(max_new_tokens):
+            # The next step is dispatched before this one's token is read on the host: JAX runs it while the host
+            # copies the token, streams it and checks for the end (an early end leaves one step computed unread).
+            last = step == max_new_tokens - 1
+            if not last:
+                following = decode_fn(leaves, cache, token, key_valid, finished, keys[step + 1], eos)
+                cache, key_valid = following[2], following[3]
             steps.append(np.asarray(token))
             if return_logits:  # the explicit request for whole logits
                 whole = logits if mesh is None else gather_logits(logits, model.spec.vocab_size)
                 logits_seen.append(np.asarray(whole)[:, : model.spec.vocab_size])
             if stream is not None:
                 stream(step, steps[-1])
-            if step == max_new_tokens - 1 or np.asarray(finished).all():  # [B] on the host: no device reduction
+            if last or np.asarray(finished).all():  # [B] on the host: no device reduction
                 break
-            token, logits, cache, key_valid, finished = decode_fn(
-                leaves, cache, token, key_valid, finished, keys[step + 1], eos
-            )
+            token, logits, _, _, finished = following
         end = time.perf_counter()
     cache.check()  # a write past the cache's capacity is refused here, before any token is returned
     eos_ids = tuple(int(e) for e in np.asarray(eos))

@@ -3,6 +3,7 @@ JAX has to prove: a decode step compiles once, and runs on the device the model 
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ import jax
 
 import jax_impl
 from tests.twins.generate import GenerateTwin
+
+generate_module = importlib.import_module("jax_impl.generate")  # the module, not the function the package exports
 
 # every new program is lowered before XLA compiles it or the test run's persistent compilation cache serves it
 # (tests/conftest.py), so counting lowerings counts new programs whichever of the two happens
@@ -31,7 +34,7 @@ def test_decode_step_compiles_once(default_dir):
     at_step = []
     jax_impl.generate(model, [[1, 2, 3]], 12, eos_token_ids=(), stream=lambda step, _t: at_step.append(len(compiles)))
     assert len(at_step) == 12
-    # stream(step) runs before decode step `step + 1` is launched: steps 2..11 must reuse step 1's program
+    # stream(step) runs after decode step `step + 1` is launched (dispatched first): steps 2..11 reuse step 1's program
     assert at_step[-1] == at_step[2], f"compilations during decoding: {at_step}"
     before = len(compiles)
     jax_impl.generate(model, [[4, 5, 6]], 12, eos_token_ids=())  # same request shape
@@ -98,3 +101,27 @@ def test_a_models_split_is_reused_only_while_it_holds(default_dir):
     norm[...] = jnp.ones_like(norm[...])
     leaves = split_model(model)[1]
     assert any(leaf is norm[...] for leaf in leaves) and any(leaf is first[...] for leaf in leaves)
+
+
+def test_the_next_step_is_dispatched_before_the_host_reads_a_token(default_dir, monkeypatch):
+    """generate dispatches step s + 1 before it copies step s's token, streams it and checks for the end: the stream
+    sees every token in order; without an end, max_new_tokens - 1 decode steps run, no more; where every row ends at
+    step s, the one step dispatched after it is dropped, and the tokens are those of a generation without the end."""
+    dispatched = []
+    compiled = generate_module.compiled_steps
+
+    def counting(*args, **kwargs):
+        prefill, decode = compiled(*args, **kwargs)
+        return prefill, lambda *a: dispatched.append(1) or decode(*a)
+
+    monkeypatch.setattr(generate_module, "compiled_steps", counting)
+    model = jax_impl.from_pretrained(default_dir)
+    streamed = []
+    free = jax_impl.generate(model, [[1, 2, 3]], 8, eos_token_ids=(), stream=lambda s, t: streamed.append((s, t[0])))
+    assert len(dispatched) == 7 and streamed == [(s, t) for s, t in enumerate(free.tokens[0])]
+    end = free.tokens[0][3]
+    first = free.tokens[0].index(end)  # the step at which that token first appears
+    dispatched.clear()
+    ended = jax_impl.generate(model, [[1, 2, 3]], 8, eos_token_ids=(end,))
+    assert len(dispatched) == first + 1  # steps 1 .. first, and the one dropped after the end
+    assert list(ended.tokens[0]) == list(free.tokens[0][: first + 1])

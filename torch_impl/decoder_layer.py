@@ -90,9 +90,10 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`routing`: teacher-forced expert ids per sparse layer (CausalLM.forward checks them); a sparse layer
         uses its own entry, if any."""
-        if self.one_call and cache is not None and trace is None and self._takes_one_call(hidden, residual, cos, sin,
-                                                                                          mask, cache):  # fmt: skip
-            return self._decode_in_one_call(hidden, residual, cos, sin, mask, cache)
+        if self.one_call and cache is not None and trace is None:
+            walked = self._walk()  # asked once: the rule's hooks and the call's weights
+            if self._takes_one_call(hidden, residual, cos, sin, mask, cache, walked):
+                return self._decode_in_one_call(hidden, residual, cos, sin, mask, cache, walked[1])
         if residual is None:  # layer 0: the residual stream starts as the embedding h0
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:  # residual := previous increment + residual (= the previous layer's x2)
@@ -127,13 +128,13 @@ class DecoderLayer(nn.Module):
             trace[f"{name}.x2"] = (hidden.float() + residual.float()).to(hidden.dtype)
         return hidden, residual
 
-    def _takes_one_call(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache
-                        ) -> bool:  # fmt: skip
-        """Whether this step runs in one call: the step's rules (`_step_takes`), and the layer's choice
-        (torch_impl/layer_choice.py: the kernel applies to all six products, and the call was measured faster or is
-        pinned), asked once per row count and dtype, again after either choice is cleared; a forced path is asked
-        every time."""
-        if not self._step_takes(hidden, residual, cache):
+    def _takes_one_call(self, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache,
+                        walked: tuple) -> bool:  # fmt: skip
+        """Whether this step runs in one call: the step's rules (`_step_takes`, given this layer's `_walk()`), and the
+        layer's choice (torch_impl/layer_choice.py: the kernel applies to all six products, and the call was measured
+        faster or is pinned), asked once per row count and dtype, again after either choice is cleared; a forced path
+        is asked every time."""
+        if not self._step_takes(hidden, residual, cache, walked):
             return False
         known = self._known_choice(hidden)
         if known is not None:
@@ -144,14 +145,17 @@ class DecoderLayer(nn.Module):
             self._choice_known[(hidden.shape[0], hidden.dtype)] = (versions, ok)
         return ok
 
-    def _step_takes(self, hidden: torch.Tensor, residual: torch.Tensor | None, cache: KVCache) -> bool:
-        """A decode step's rows (torch_decode_ops.takes_step), the cache in the activations' dtype, and no forward
-        hook waiting on a module the call stands in for (`_hooks_wait`)."""
+    def _step_takes(self, hidden: torch.Tensor, residual: torch.Tensor | None, cache: KVCache, walked: tuple) -> bool:
+        """Given this layer's `_walk()`: no forward hook waiting on a module whose forward the one call would skip (a
+        global one, or one on a module the call stands in for: the norms, the attention and the MLP, their products
+        and q/k norms), a decode step's rows (torch_decode_ops.takes_step, with the input norm's weight), the cache in
+        the activations' dtype."""
+        hooked, weights = walked
         return (
-            torch_decode_ops.takes_step(hidden, self.input_layernorm.weight, residual)
+            not (hooked or _global_forward_hooks or _global_forward_pre_hooks)
+            and torch_decode_ops.takes_step(hidden, weights[0], residual)
             and cache.k[self.layer_idx].dtype is hidden.dtype
             and torch_decode_layer.enabled()
-            and not self._hooks_wait()
         )
 
     def _known_choice(self, hidden: torch.Tensor) -> bool | None:
@@ -173,26 +177,16 @@ class DecoderLayer(nn.Module):
             return None
         if self._forward_hooks or self._forward_pre_hooks or not self.one_call:
             return None
-        hooked, weights = self._walk()  # the modules and weights in one pass: asked of every layer at every step
-        i = self.layer_idx
-        if hooked or not (
-            torch_decode_ops.takes_step(hidden, weights[0])
-            and cache.k[i].dtype is hidden.dtype
-            and torch_decode_layer.enabled()
-            and not (_global_forward_hooks or _global_forward_pre_hooks)
-        ):  # `_step_takes`, its weight read from the walk
+        walked = self._walk()  # the modules and weights in one pass: asked of every layer at every step
+        if not self._step_takes(hidden, None, cache, walked):
             return None
         known = self._known_choice(hidden)
         if known is None and _pinned():  # a pinned choice measures nothing: asked here
             known = layer_choice.takes_one_call(self, hidden, None, None, None, None, cache)
         if not known:  # not taken, or not chosen yet: the layer's forward asks (and measures)
             return None
-        return call if call.stands_for(weights, cache.k[i], cache.v[i]) else None
-
-    def _hooks_wait(self) -> bool:
-        """Whether a forward hook waits on a module whose forward the one call would skip: a global one, or one on a
-        module the call stands in for (the norms, the attention and the MLP, their products and q/k norms)."""
-        return bool(_global_forward_hooks or _global_forward_pre_hooks) or self._walk()[0]
+        i = self.layer_idx
+        return call if call.stands_for(walked[1], cache.k[i], cache.v[i]) else None
 
     def _one_call_weights(self) -> torch_decode_layer.LayerWeights:
         return torch_decode_layer.LayerWeights(*self._walk()[1])
@@ -209,19 +203,20 @@ class DecoderLayer(nn.Module):
         return hooked, tuple(_child(nodes[at], name) for at, name in _WEIGHT_STEPS)
 
     def _decode_in_one_call(
-        self, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """This layer's decode step as torch_decode_layer.decode_layer: the new keys and values written at the
-        cache's next slot, as cache.update writes them."""
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, cos, sin, mask, cache: KVCache,
+        weights: tuple[torch.Tensor | None, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """This layer's decode step as torch_decode_layer.decode_layer (`weights`: the walk's): the new keys and
+        values written at the cache's next slot, as cache.update writes them."""
         if cache.length >= cache.max_len:
             raise full_error(cache.length + 1, cache.max_len)
-        weights, i = self._one_call_weights(), self.layer_idx
+        i = self.layer_idx
         call = self._one_call_prepared
         if call is None or not call.stands_for(weights, cache.k[i], cache.v[i]):  # a new cache, or new weights
             attn, norm = self.self_attn, self.input_layernorm
             call = self._one_call_prepared = torch_decode_layer.LayerCall(
-                weights, cache.k[i], cache.v[i], heads=attn.num_heads, eps=norm.eps, scale=attn.scale,
-                softcap=attn.softcap, **norm.options,
+                torch_decode_layer.LayerWeights(*weights), cache.k[i], cache.v[i], heads=attn.num_heads,
+                eps=norm.eps, scale=attn.scale, softcap=attn.softcap, **norm.options,
             )  # fmt: skip
         out = call(hidden, residual, cos, sin, cache.length, mask)
         if call.copied:  # it read a contiguous copy of a weight: the next step lays out anew

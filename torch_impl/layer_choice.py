@@ -83,7 +83,7 @@ def _passes(
     k, v = torch.zeros(b, n_kv, slots, d, dtype=dtype), torch.zeros(b, n_kv, d, slots, dtype=dtype)  # as KVCache's
     scratch = KVCache((filler,) * i + (k,), (filler,) * i + (v,), slots, (False,) * (i + 1))
     scratch.length = cache.length
-    weights = [t for t in vars(layer._one_call_weights()).values() if isinstance(t, torch.Tensor)]
+    weights = [t for t in layer._walk()[1] if t is not None]
     evict = evicting((t.data_ptr(), t.numel() * t.element_size()) for t in (*weights, scratch.k[i], scratch.v[i]))
 
     def step(path: str) -> Callable[[], object]:

@@ -52,6 +52,12 @@ class GenerateTwin:
         assert first == self.generate(model, [[3, 4, 5]], 16, seed=7, **kw).tokens
         assert first != self.generate(model, [[3, 4, 5]], 16, seed=8, **kw).tokens
 
+    def test_each_step_draws_afresh(self, model):
+        # At this temperature the distribution is flat to ~1e-6: a step drawing with the previous step's randomness
+        # would pick the previous step's token again, every step.
+        tokens = self.generate(model, [[3, 4, 5]], 8, temperature=1e6, seed=3, eos_token_ids=()).tokens[0]
+        assert len(set(tokens)) > 4, tokens
+
     def test_top_k_one_is_greedy(self, model):
         greedy = self.generate(model, [[3, 4, 5]], 8, eos_token_ids=()).tokens
         assert self.generate(model, [[3, 4, 5]], 8, temperature=1.5, top_k=1, eos_token_ids=()).tokens == greedy

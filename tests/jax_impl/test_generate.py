@@ -103,6 +103,31 @@ def test_a_models_split_is_reused_only_while_it_holds(default_dir):
     assert any(leaf is norm[...] for leaf in leaves) and any(leaf is first[...] for leaf in leaves)
 
 
+def test_an_unchanged_models_steps_are_found_without_hashing_its_graph(default_dir, monkeypatch):
+    """compiled_steps finds the pair it gave for the same graph definition object without hashing it again (a walk
+    of the whole graph); an equal graph definition of another object, or another kernel setting, still finds its own
+    pair through the hashed cache."""
+    from flax import nnx
+
+    from jax_impl.generate import SamplingParams, compiled_steps, split_model
+    from kernels.cpu import jax_decode_ops
+
+    model = jax_impl.from_pretrained(default_dir)
+    graphdef, _, treedef = split_model(model)
+    params = SamplingParams(0.0, None, None, 0)
+    first = compiled_steps(graphdef, treedef, params)
+
+    def refuse(_self):
+        raise AssertionError("hashed again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(graphdef), "__hash__", refuse)
+        assert compiled_steps(split_model(model)[0], treedef, params) is first
+    assert compiled_steps(nnx.split(model)[0], treedef, params) == first  # equal, another object: hashed, found
+    with jax_decode_ops.reference_only():
+        assert compiled_steps(graphdef, treedef, params) != first
+
+
 def test_the_next_step_is_dispatched_before_the_host_reads_a_token(default_dir, monkeypatch):
     """generate dispatches step s + 1 before it copies step s's token, streams it and checks for the end: the stream
     sees every token in order; without an end, max_new_tokens - 1 decode steps run, no more; where every row ends at

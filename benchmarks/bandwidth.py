@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
@@ -52,15 +50,13 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
 def matvec_readers() -> tuple[dict[str, Callable[[], object]], int]:
     """A 1 GiB float32 matrix-vector product (the access pattern of a decode step) per reader, and the bytes each
     reads: torch's `mv`, XLA's dot and, where it was built, the project's own CPU kernel (kernels/cpu/gemv.c), which
-    both backends may choose for a decode step's products, also over a matrix on 2 MiB pages where the machine gives
-    them, as the loaders place the weights (spec/host_memory.py): a limit that left out the fastest reader the
-    backends use would not be one."""
+    both backends may choose for a decode step's products: a limit that left out the fastest reader the backends
+    use would not be one."""
     import jax
     import jax.numpy as jnp
     import torch
 
     from kernels.cpu import torch_gemv
-    from spec import host_memory
 
     rows, cols = 16384, 16384
     a = torch.randn(rows, cols)
@@ -70,10 +66,6 @@ def matvec_readers() -> tuple[dict[str, Callable[[], object]], int]:
     runs = {"torch": lambda: torch.mv(a, x), "jax": lambda: mv(aj, xj).block_until_ready()}
     if torch_gemv.supports(x[None], a, None):
         runs["kernel"] = lambda: torch_gemv.launch(x[None], a)  # [1, cols] @ a^T
-        if host_memory.available():
-            huge = torch.from_numpy(host_memory.empty_array((rows, cols), np.float32))
-            huge.copy_(a)
-            runs["kernel_2MiB"] = lambda: torch_gemv.launch(x[None], huge)
     return runs, rows * cols * 4
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -23,7 +22,7 @@ from jax.sharding import Mesh
 
 from jax_impl import tensor_parallel
 from jax_impl.model import CausalLM
-from spec import Checkpoint, ModelSpec, dtype_name, host_memory, runtime_groups, runtime_params
+from spec import Checkpoint, ModelSpec, dtype_name, runtime_groups, runtime_params
 from spec.generation import eos_token_ids
 from spec.parallel import ShardLayout, check_ep_degree, expert_range
 from spec.params import LINEAR
@@ -70,7 +69,7 @@ def from_pretrained(
         # [out, in] -> Flax [in, out]; stacked experts [E, out, in] -> [E, in, out]
         arrays = [np.swapaxes(array, -1, -2) if kind == LINEAR else array for *_, array in per_rank]
         if mesh is None:
-            value = _on_host(arrays[0], dtype)
+            value = jnp.asarray(arrays[0], dtype=dtype)
         else:  # cast on the host, then each device receives only its rank's slice
             pspec = tensor_parallel.partition_spec(groups[(module, role)][0], arrays[0].ndim, ep)
             pieces = {at: np.asarray(a, dtype=dtype) for at, a in zip(coords, arrays, strict=True)}
@@ -81,15 +80,3 @@ def from_pretrained(
         param.set_value(value)  # replaces the abstract ShapeDtypeStruct with the loaded array
     model.eos_token_ids = eos_token_ids(path)
     return model
-
-
-def _on_host(array: np.ndarray, dtype: jnp.dtype) -> jax.Array:
-    """`array` in `dtype` on the default device. On the CPU, one of at least host_memory.HUGE bytes is written into
-    memory asked for on 2 MiB pages (spec/host_memory.py says why), which jax.device_put then takes without a copy
-    (XLA's CPU client aliases an aligned host array; where it copies instead, the result is the same array)."""
-    dtype = np.dtype(dtype)
-    if jax.default_backend() != "cpu" or array.size * dtype.itemsize < host_memory.HUGE:
-        return jnp.asarray(array, dtype=dtype)
-    host = host_memory.empty_array(array.shape, dtype)
-    np.copyto(host, array, casting="unsafe")  # the dtype cast, and Flax's transposition, written once
-    return jax.device_put(host)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spec import Checkpoint, ModelSpec, dtype_name, host_memory, runtime_params
+from spec import Checkpoint, ModelSpec, dtype_name, runtime_params
 from spec.generation import eos_token_ids
 from torch_impl.model import CausalLM
 from torch_impl.rotary_embedding import RotaryEmbedding
@@ -63,9 +63,6 @@ def from_pretrained(
     with torch.device("meta"):
         model = CausalLM(spec, kernels=kernels, tp=tp, group=group, ep_group=ep_group)
     model = model.to(dtype).to_empty(device=device)  # storage allocated, not initialized
-    model.tie_weights()  # to_empty allocated the head separately; point it back at the embedding
-    if torch.device(device).type == "cpu":
-        _on_huge_pages(model)
     modules = dict(model.named_modules())
     with torch.no_grad():
         show = progress and model.layout.rank == 0 and (ep_group is None or dist.get_rank(ep_group) == 0)
@@ -80,13 +77,5 @@ def from_pretrained(
         for rotary in (m for m in model.modules() if isinstance(m, RotaryEmbedding)):  # one per RoPE kind
             rotary.inv_freq = rotary.frequencies(device)
     model.eos_token_ids = eos_token_ids(path)
+    model.tie_weights()  # to_empty allocated the head separately; point it back at the embedding
     return model.eval().requires_grad_(False)
-
-
-def _on_huge_pages(model: nn.Module) -> None:
-    """Each parameter of at least host_memory.HUGE bytes moved, before anything is written to it, into memory asked
-    for on 2 MiB pages (spec/host_memory.py says why): the copy that loads it then faults those pages in."""
-    for param in model.parameters():  # a tied parameter once
-        nbytes = param.numel() * param.element_size()
-        if nbytes >= host_memory.HUGE:
-            param.data = torch.from_numpy(host_memory.empty(nbytes)).view(param.dtype).view(param.shape)

@@ -8,8 +8,10 @@ decode step compiles once. `max_len` (the request's positions, on every layer, r
 layers keep a ring) are static fields. `update` writes one layer's T new keys/values at absolute slots
 [length, length + T):
 
-- a full layer stores slot s at index s with dynamic_update_slice (in place once the cache buffer is donated)
-  and returns every slot, those not yet written as zeros (the caller's key mask excludes them too);
+- a full layer stores slot s at index s with dynamic_update_slice (in place once the cache buffer is donated;
+  in generation on the CPU with kernels/cpu/jax_decode_ops.py's `write_cache`, the same result, because XLA:CPU
+  computes a bfloat16 dynamic_update_slice in float32 over the whole buffer: a prompt's time then grew with the
+  cache's capacity) and returns every slot, those not yet written as zeros (the caller's key mask excludes them too);
 - a sliding layer (issue 15: O(window) memory, not O(max_len)) returns its C ring entries as they were before
   this step followed by the T new keys, [C + T] in all, and scatters the last min(T, C) new keys to index
   s % C. T and C are static, so every shape is; only `length` is traced. The new keys come from the step
@@ -34,6 +36,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from kernels.cpu import jax_decode_ops
 from spec import ModelSpec
 from spec.kv_cache import check_capacity, full_error, layer_slots
 
@@ -87,8 +90,11 @@ class KVCache:
         cache_k, cache_v = self.k[layer], self.v[layer]
         k, v = k.astype(cache_k.dtype), v.astype(cache_v.dtype)
         if not self.ring[layer]:
-            k_all = jax.lax.dynamic_update_slice(cache_k, k, (0, 0, self.length, 0))
-            v_all = jax.lax.dynamic_update_slice(cache_v, v, (0, 0, 0, self.length))
+            if jax_decode_ops.writes(cache_k, k):  # generation on the CPU: only the new slots written, in place
+                k_all, v_all = jax_decode_ops.write_cache(cache_k, cache_v, k, v, self.length)
+            else:
+                k_all = jax.lax.dynamic_update_slice(cache_k, k, (0, 0, self.length, 0))
+                v_all = jax.lax.dynamic_update_slice(cache_v, v, (0, 0, 0, self.length))
             k_out, v_out = k_all, v_all
             if zeroed:
                 written = jnp.arange(k_all.shape[2]) < end  # [S_max]

@@ -11,6 +11,10 @@ holds it to the kernel tolerance table's "attention" rows). A custom call inside
 attend.c's blocked kernel (small matrix products, keys past a row's causal end skipped), which beats XLA's batched
 products and the transposes around them.
 
+Beside it, `write_cache`: a full layer's cache write (decode_ops_ffi.cc's CacheWrite), bit for bit the
+dynamic_update_slice it stands for, touching only the new slots of the donated buffers; jax_impl/kv_cache.py takes it
+where `writes` says (the same contexts as `takes`).
+
 `takes` is the rule, as torch_decode_ops' is: inside `decode_steps()` (jax_impl/generate.py enters it while it
 traces its decode step: one token per row, at most MAX_ROWS rows) or `prompts()` (while it traces its prompt: any
 rows), not `reference_only()`, float32 or bfloat16 operands of one dtype, the CPU backend with no mesh, the kernel
@@ -32,6 +36,7 @@ from kernels.cpu.switch import Switch
 
 MAX_ROWS = 8  # the most batch rows of a decode step that take the kernel (torch_decode_ops.MAX_ROWS)
 _TARGETS = {"float32": "AttendF32", "bfloat16": "AttendBF16"}
+_WRITES = {"float32": "CacheWriteF32", "bfloat16": "CacheWriteBF16"}
 _DECODING = Switch("jax_decode_ops.decoding")
 _PROMPT = Switch("jax_decode_ops.prompt")
 _OFF = Switch("jax_decode_ops.off")
@@ -44,7 +49,7 @@ def available() -> bool:
     lib = build.load("decode_ops_xla", (jax.ffi.include_dir(),))
     if lib is None:
         return False
-    for symbol in _TARGETS.values():
+    for symbol in (*_TARGETS.values(), *_WRITES.values()):
         jax.ffi.register_ffi_target(_target(symbol), jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return True
 
@@ -141,3 +146,53 @@ def attend(
     )
     keys = jnp.asarray(s if keys is None else keys, jnp.int32)  # [] int32: the slots read
     return call(q, k, v, mask, keys, scale=np.float32(scale), cap=np.float32(softcap or 0.0))
+
+
+def writes(cache_k: jax.Array, k: jax.Array) -> bool:
+    """Whether a full layer's cache write takes `write_cache`: inside `decode_steps()` or `prompts()`, not
+    `reference_only()`, k of the buffer's dtype (float32 or bfloat16), the CPU backend with no mesh, the kernel
+    built."""
+    return (
+        (decoding() or (_PROMPT.get() and not _OFF.get()))
+        and jnp.dtype(cache_k.dtype).name in _WRITES
+        and k.dtype == cache_k.dtype
+        and jax.default_backend() == "cpu"
+        and jax.sharding.get_abstract_mesh().empty
+        and available()
+    )
+
+
+def write_cache(
+    cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array | int
+) -> tuple[jax.Array, jax.Array]:
+    """dynamic_update_slice's result for k [B, n_kv, T, d] at slot `start` of cache_k [B, n_kv, S, d] and v
+    [B, n_kv, d, T] at slot `start` of cache_v [B, n_kv, d, S] (start clamped to [0, S - T] as it clamps), written in
+    place where the buffers are donated: only the new slots are touched. A ValueError names operands that do not
+    fit."""
+    b, n_kv, s, d = cache_k.shape if cache_k.ndim == 4 else (None,) * 4
+    t = k.shape[2] if k.ndim == 4 else None
+    dtype = jnp.dtype(cache_k.dtype)
+    if not (
+        cache_k.ndim == 4
+        and cache_v.shape == (b, n_kv, d, s)
+        and k.shape == (b, n_kv, t, d)
+        and v.shape == (b, n_kv, d, t)
+        and t <= s
+        and dtype.name in _WRITES
+        and cache_v.dtype == k.dtype == v.dtype == dtype
+    ):
+        got = f"cache_k {cache_k.shape} {cache_k.dtype}, cache_v {cache_v.shape} {cache_v.dtype}, k {k.shape} {k.dtype}"
+        raise ValueError(
+            "kernels.cpu write_cache: needs cache_k [B, n_kv, S, d], cache_v [B, n_kv, d, S], k [B, n_kv, T, d] and "
+            f"v [B, n_kv, d, T] of one dtype (float32 or bfloat16), T <= S; got {got}, v {v.shape} {v.dtype}"
+        )
+    if not (jax.default_backend() == "cpu" and available()):
+        why = build.unavailable("decode_ops_xla") or "built"
+        raise ValueError(f"kernels.cpu write_cache: runs on the CPU backend with the kernel built ({why})")
+    call = jax.ffi.ffi_call(
+        _target(_WRITES[dtype.name]),
+        (jax.ShapeDtypeStruct(cache_k.shape, dtype), jax.ShapeDtypeStruct(cache_v.shape, dtype)),
+        input_output_aliases={0: 0, 1: 1},
+        vmap_method="sequential",
+    )
+    return call(cache_k, cache_v, k, v, jnp.asarray(start, jnp.int32))

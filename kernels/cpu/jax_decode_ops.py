@@ -136,11 +136,7 @@ def attend(
             "kernels.cpu attend: needs q [B, T, n_kv, g, d], k [B, n_kv, S, d], v [B, n_kv, d, S] of one dtype "
             f"(float32 or bfloat16) and mask [B, T, S] bool; got {got}"
         )
-    if not (jax.default_backend() == "cpu" and available()):
-        raise ValueError(
-            f"kernels.cpu attend: runs on the CPU backend with the kernel built (backend {jax.default_backend()}; "
-            f"{build.unavailable('decode_ops_xla') or 'built'})"
-        )
+    _require_kernel("attend")
     call = jax.ffi.ffi_call(
         _target(_TARGETS[dtype.name]), jax.ShapeDtypeStruct(q.shape, dtype), vmap_method="sequential"
     )
@@ -186,9 +182,7 @@ def write_cache(
             "kernels.cpu write_cache: needs cache_k [B, n_kv, S, d], cache_v [B, n_kv, d, S], k [B, n_kv, T, d] and "
             f"v [B, n_kv, d, T] of one dtype (float32 or bfloat16), T <= S; got {got}, v {v.shape} {v.dtype}"
         )
-    if not (jax.default_backend() == "cpu" and available()):
-        why = build.unavailable("decode_ops_xla") or "built"
-        raise ValueError(f"kernels.cpu write_cache: runs on the CPU backend with the kernel built ({why})")
+    _require_kernel("write_cache")
     call = jax.ffi.ffi_call(
         _target(_WRITES[dtype.name]),
         (jax.ShapeDtypeStruct(cache_k.shape, dtype), jax.ShapeDtypeStruct(cache_v.shape, dtype)),
@@ -196,3 +190,12 @@ def write_cache(
         vmap_method="sequential",
     )
     return call(cache_k, cache_v, k, v, jnp.asarray(start, jnp.int32))
+
+
+def _require_kernel(what: str) -> None:
+    """A ValueError naming `what` unless the CPU backend runs here with the kernel built."""
+    if not (jax.default_backend() == "cpu" and available()):
+        raise ValueError(
+            f"kernels.cpu {what}: runs on the CPU backend with the kernel built (backend {jax.default_backend()}; "
+            f"{build.unavailable('decode_ops_xla') or 'built'})"
+        )

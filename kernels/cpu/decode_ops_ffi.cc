@@ -102,14 +102,14 @@ static ffi::Error CacheWrite(ffi::Buffer<T, 4> cache_k, ffi::Buffer<T, 4> cache_
     return ffi::Error::Success();
 }
 
-#define BIND_WRITE(T)                  \
-    ffi::Ffi::Bind()                   \
-        .Arg<ffi::Buffer<T, 4>>()      \
-        .Arg<ffi::Buffer<T, 4>>()      \
-        .Arg<ffi::Buffer<T, 4>>()      \
-        .Arg<ffi::Buffer<T, 4>>()      \
+#define BIND_WRITE(T)                    \
+    ffi::Ffi::Bind()                     \
+        .Arg<ffi::Buffer<T, 4>>()        \
+        .Arg<ffi::Buffer<T, 4>>()        \
+        .Arg<ffi::Buffer<T, 4>>()        \
+        .Arg<ffi::Buffer<T, 4>>()        \
         .Arg<ffi::Buffer<ffi::S32, 0>>() \
-        .Ret<ffi::Buffer<T, 4>>()      \
+        .Ret<ffi::Buffer<T, 4>>()        \
         .Ret<ffi::Buffer<T, 4>>()
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CacheWriteF32, CacheWrite<ffi::F32>, BIND_WRITE(ffi::F32));

@@ -54,3 +54,34 @@ def test_model_forward_past_capacity_is_refused(default_dir):
         model(np.array([[1, 2, 3]]), cache=cache)
         with pytest.raises(InputError, match="KV cache is full"):
             model(np.array([[4, 5]]), attention_mask=np.ones((1, 5), dtype=int), cache=cache)
+
+
+@pytest.mark.parametrize("operators", ["kernels", "reference"])
+def test_a_full_layers_unwritten_slots_are_never_read(default_dir, monkeypatch, operators):
+    """create leaves a full layer's buffers unwritten: a generation over buffers holding NaN before it starts equals,
+    bit for bit, one over zeros (the CPU kernels' decode steps and prompt, and the reference operators')."""
+    import contextlib
+
+    from kernels.cpu import torch_decode_ops
+
+    model = torch_impl.from_pretrained(default_dir)
+    prompt, created = [[5, 9, 200, 17]], KVCache.create
+
+    def run(fill: float):
+        def create(*args, **kwargs):
+            cache = created(*args, **kwargs)
+            for k, v, ring in zip(cache.k, cache.v, cache.ring, strict=True):
+                if not ring:
+                    k.fill_(fill), v.fill_(fill)
+            return cache
+
+        with monkeypatch.context() as patch:
+            patch.setattr(KVCache, "create", create)
+            off = torch_decode_ops.reference_only() if operators == "reference" else contextlib.nullcontext()
+            with off:
+                return torch_impl.generate(model, prompt, 6, eos_token_ids=(), return_logits=True)
+
+    zeros, nans = run(0.0), run(float("nan"))
+    assert nans.tokens == zeros.tokens
+    for a, b in zip(nans.logits, zeros.logits, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -6,7 +6,8 @@ layouts, the same ring and the same refusal of a write past capacity (docs/desig
 head's keys are [S, d] rows and its values [d, S] rows, the operands of the two attention products, so a decode
 step never transposes the cache. Sized by the request (batch, prompt + new tokens) and bounded by the model's
 max positions; `max_len` is the request's positions on every layer, ring or not. The model calls `advance(T)`
-once after all layers.
+once after all layers. One difference from the twin: a full layer's buffers start unwritten here (`create` says why),
+where JAX's start as an XLA program's zeros; no reader of either sees a slot before it is written.
 
 `update` writes one layer's T new keys/values at absolute slots [length, length + T). A full layer stores slot
 s at index s and returns every filled slot (views, no copy). A sliding layer (issue 15: O(window) memory, not

@@ -94,14 +94,22 @@ def takes(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
     dtype = jnp.dtype(q.dtype)
     step = decoding() and q.ndim == 5 and q.shape[1] == 1 and 0 < q.shape[0] <= MAX_ROWS
     return (
-        (step or (_PROMPT.get() and not _OFF.get() and q.ndim == 5))
+        (step or (_prompting() and q.ndim == 5))
         and dtype.name in _TARGETS
         and k.dtype == dtype
         and v.dtype == dtype
-        and jax.default_backend() == "cpu"
-        and jax.sharding.get_abstract_mesh().empty
-        and available()
+        and _unsharded_cpu()
     )
+
+
+def _prompting() -> bool:
+    """Inside `prompts()` and not `reference_only()`."""
+    return _PROMPT.get() and not _OFF.get()
+
+
+def _unsharded_cpu() -> bool:
+    """The CPU backend with no mesh (under one the partitioner owns the layout), the kernel built."""
+    return jax.default_backend() == "cpu" and jax.sharding.get_abstract_mesh().empty and available()
 
 
 def attend(
@@ -149,12 +157,10 @@ def writes(cache_k: jax.Array, k: jax.Array) -> bool:
     `reference_only()`, k of the buffer's dtype (float32 or bfloat16), the CPU backend with no mesh, the kernel
     built."""
     return (
-        (decoding() or (_PROMPT.get() and not _OFF.get()))
+        (decoding() or _prompting())
         and jnp.dtype(cache_k.dtype).name in _WRITES
         and k.dtype == cache_k.dtype
-        and jax.default_backend() == "cpu"
-        and jax.sharding.get_abstract_mesh().empty
-        and available()
+        and _unsharded_cpu()
     )
 
 

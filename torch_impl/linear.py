@@ -5,29 +5,32 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
 
 - 2-D, always: F.linear on a 3-D [B, T, in] input goes through a batched-matmul path; for a decode step
   (T = 1) the same product as a 2-D [tokens, in] GEMV streams the weight faster.
-- Which library, measured: a CPU inference product can run through F.linear (MKL's GEMM/GEMV in this torch
-  build for float32) or through oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the op
-  torch.compile's CPU backend emits), and a bfloat16 one also as "upcast": bfloat16 storage, float32
-  compute, the weight converted UPCAST_BYTES of rows at a time into a float32 block that stays in cache and
-  multiplied by float32 GEMM, the result rounded once; and a product of few rows (a decode step's) also through
-  the project's own CPU kernel ("gemv", kernels/cpu/gemv.c: one pass over the weight, float32 or bfloat16
-  storage, float32 compute), where the libraries' matrix-vector code streams a chain of decode-sized weights
-  below what the machine can read (docs/benchmarks.md). On a processor without bfloat16 instructions (AVX2) the
-  libraries' bfloat16 GEMM is several times slower than that; with them (AVX512_BF16, AMX) several times
-  faster (docs/benchmarks.md). Every path accumulates in float32 and computes x @ W^T + b up to summation
-  order; which is faster depends on the processor (MKL's GEMV is slow on some AMD processors and the faster
-  one on Intel). So the first product of each (rows, in, out, dtype, bias) times the paths that apply
-  (spec/path_choice.py) and the process keeps the fastest (the kernel, where it applies, unless another path beats
-  it in every round: `PATHS`) (above STREAM_ROWS rows, one choice per
-  power-of-two bucket of rows: `rows_key`). A decode-sized product (few rows) is timed over distinct weights of its
-  shape, taken out of the caches before each pass (kernels/cpu/evict.py), as a decode step finds its weights in
-  memory (a model's own inside `resident_weights`, which generate enters); a
-  prefill-sized one, which is compute-bound, on the weight it was called with (its first STREAM_BYTES of
-  output rows, where it is larger: a tied head's table, whose slowest path would otherwise cost a second).
-  A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps F.linear without measuring.
+- Which library, measured. A CPU inference product can run through
+  - F.linear (MKL's GEMM/GEMV in this torch build for float32),
+  - oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the op torch.compile's CPU backend emits),
+  - for bfloat16, "upcast": bfloat16 storage, float32 compute, the weight converted UPCAST_BYTES of rows at a time
+    into a float32 block that stays in cache and multiplied by float32 GEMM, the result rounded once (on a processor
+    without bfloat16 instructions, AVX2, the libraries' bfloat16 GEMM is several times slower than that; with them,
+    AVX512_BF16 and AMX, several times faster: docs/benchmarks.md),
+  - for few rows (a decode step's), the project's own CPU kernel "gemv" (kernels/cpu/gemv.c: one pass over the
+    weight, float32 or bfloat16 storage, float32 compute), where the libraries' matrix-vector code streams a chain
+    of decode-sized weights below what the machine can read,
+  - for more rows of bfloat16 (a prompt's) on a processor with AMX, the project's tile kernel "gemm"
+    (kernels/cpu/gemm_amx_rows.c), which reads the weight in place where the libraries' plain-weight GEMM repacks
+    it on every call.
+  Every path accumulates in float32 and computes x @ W^T + b up to summation order; which is faster depends on the
+  processor (MKL's GEMV is slow on some AMD processors and the faster one on Intel). So the first product of each
+  (rows, in, out, dtype, bias) times the paths that apply (spec/path_choice.py) and the process keeps the fastest
+  (a kernel, where one applies, unless another path beats it in every round: `PATHS`; above STREAM_ROWS rows, one
+  choice per power-of-two bucket of rows: `rows_key`). A decode-sized product (few rows) is timed over distinct
+  weights of its shape, taken out of the caches before each pass (kernels/cpu/evict.py), as a decode step finds its
+  weights in memory (a model's own inside `resident_weights`, which generate enters); a prefill-sized one, which is
+  compute-bound, on the weight it was called with (its first STREAM_BYTES of output rows, where it is larger: a tied
+  head's table, whose slowest path would otherwise cost a second). A weight under MIN_CHOICE_BYTES (a test model's)
+  stays in cache and keeps F.linear without measuring.
   `PATHS.forced("onednn")` or `linear(..., path=...)` pins a path (tests, comparisons).
 
-Autograd (neither the oneDNN op nor the kernel has a backward; training keeps the autograd path), non-CPU tensors,
+Autograd (neither the oneDNN op nor the kernels have a backward; training keeps the autograd path), non-CPU tensors,
 non-contiguous weights and dtypes other than float32 and bfloat16 always take F.linear. The parameters are
 nn.Linear's own (`weight` [out, in], `bias`), so checkpoints load unchanged.
 """
@@ -44,15 +47,15 @@ from torch import nn
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import _disable_current_modes
 
-from kernels.cpu import torch_gemv
+from kernels.cpu import torch_gemm, torch_gemv
 from kernels.cpu.evict import evicting
 from spec.path_choice import Pass, PathChoice, Timed
 
-# The first a key offers is its default, which another path replaces only by beating it in every timed round: the
-# kernel where it applies (it reads each weight once, in its stored layout), else F.linear.
+# The first a key offers is its default, which another path replaces only by beating it in every timed round: a
+# kernel where one applies (each reads the weight in its stored layout, never repacked), else F.linear.
 # Three rounds, not two: where two paths stream within a few percent of each other, two rounds let noise move one
 # product off the kernel, and with it the layer's one call (a decode ~12% slower; docs/benchmarks.md).
-PATHS = PathChoice("torch_impl.linear", ("gemv", "f_linear", "onednn", "upcast"), repeats=3)
+PATHS = PathChoice("torch_impl.linear", ("gemv", "gemm", "f_linear", "onednn", "upcast"), repeats=3)
 STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
 STREAM_BYTES = 64 << 20  # the weights one such timing pass streams, evicted from the caches before it
 MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
@@ -109,14 +112,20 @@ def _upcast(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
 
 
 # Every path is validated by forms_for before it runs, so the kernel is launched without its own checks.
-FORMS = {"f_linear": F.linear, "onednn": _onednn, "upcast": _upcast, "gemv": torch_gemv.launch}
+FORMS = {
+    "f_linear": F.linear,
+    "onednn": _onednn,
+    "upcast": _upcast,
+    "gemv": torch_gemv.launch,
+    "gemm": torch_gemm.launch,
+}
 
 
 def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[str, ...]:
     """The paths that can compute `linear(x, weight, bias)`, F.linear first. More than one only for CPU tensors
     of one dtype (float32 or bfloat16), a contiguous weight and no gradient to record: oneDNN where this build
-    runs it for the dtype, the upcast for bfloat16, the CPU kernel for at most its MAX_ROWS token rows where it
-    was built (kernels/cpu/torch_gemv.py)."""
+    runs it for the dtype, the upcast for bfloat16, the CPU kernels where they were built: gemv for at most its
+    MAX_ROWS token rows (kernels/cpu/torch_gemv.py), gemm for a bfloat16 product of more (kernels/cpu/torch_gemm.py)."""
     dtype = x.dtype  # plain comparisons, cheapest first: a decode step asks ~170 times
     if not (
         (dtype is torch.float32 or dtype is torch.bfloat16)
@@ -133,8 +142,12 @@ def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
         return ("f_linear",)
     onednn = ("onednn",) if _onednn_available(x.dtype) else ()
     upcast = ("upcast",) if x.dtype == torch.bfloat16 else ()
-    gemv = ("gemv",) if torch_gemv.supports(x if x.dim() == 2 else x.reshape(-1, x.shape[-1]), weight, bias) else ()
-    return ("f_linear", *onednn, *upcast, *gemv)
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # [tokens, in]
+    if torch_gemv.supports(x2, weight, bias):
+        kernel = ("gemv",)
+    else:
+        kernel = ("gemm",) if torch_gemm.supports(x2, weight, bias) else ()
+    return ("f_linear", *onednn, *upcast, *kernel)
 
 
 def has_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -223,8 +236,8 @@ def linear(
 ) -> torch.Tensor:
     """x [..., in] @ weight[out, in]^T (+ bias) -> [..., out], computed as one [tokens, in] product.
 
-    `path` ("f_linear", "onednn", "upcast" or "gemv") pins the path where it applies (else F.linear); None takes the
-    measured choice.
+    `path` ("f_linear", "onednn", "upcast", "gemv" or "gemm") pins the path where it applies (else F.linear); None
+    takes the measured choice.
     """
     x2 = x.reshape(-1, x.shape[-1])  # [tokens, in]
     if path is None:

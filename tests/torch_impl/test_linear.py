@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import torch_impl.linear as linear_module
 import torch_impl.linear as torch_linear
-from kernels.cpu import torch_gemv
+from kernels.cpu import torch_gemm, torch_gemv
 from parity.tolerances import TOLERANCES
 from spec.path_choice import Pass
 from torch_impl.linear import PATHS, Linear, _onednn_available, forms_for, has_choice, linear, path_of
@@ -48,10 +48,11 @@ def test_linear_matches_float64_product(path, lead, bias):
     assert max_rel(got, want) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv"])
-def test_bfloat16_paths_match_float64_product(path):
+@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv", "gemm"])
+@pytest.mark.parametrize("rows", [1, 45])  # a decode step's (gemv's), a prompt's (gemm's, where AMX is)
+def test_bfloat16_paths_match_float64_product(path, rows):
     gen = torch.Generator().manual_seed(5)
-    x, w = torch.randn(1, 96, generator=gen).bfloat16(), torch.randn(40, 96, generator=gen).bfloat16()
+    x, w = torch.randn(rows, 96, generator=gen).bfloat16(), torch.randn(40, 96, generator=gen).bfloat16()
     with torch.inference_mode():
         got = linear(x, w, path=path)
     assert got.dtype == torch.bfloat16
@@ -66,9 +67,12 @@ def test_which_products_have_a_choice():
         assert has_choice(x, w) is bool(onednn or gemv)
         assert forms_for(x, w) == ("f_linear", *onednn, *gemv)
         assert forms_for(x.view(1, 2, 8), w) == ("f_linear", *onednn, *gemv)  # leading dims: the rows they make
-        assert forms_for(torch.randn(torch_gemv.MAX_ROWS + 1, 8), w) == ("f_linear", *onednn)  # a GEMM
+        many = torch.randn(torch_gemv.MAX_ROWS + 1, 8)
+        assert forms_for(many, w) == ("f_linear", *onednn)  # a float32 GEMM: the libraries'
         bf16_onednn = ("onednn",) if _onednn_available(torch.bfloat16) else ()
         assert forms_for(x.bfloat16(), w.bfloat16()) == ("f_linear", *bf16_onednn, "upcast", *gemv)  # upcast: always
+        gemm = ("gemm",) if torch_gemm.available() else ()  # built where the processor has AMX
+        assert forms_for(many.bfloat16(), w.bfloat16()) == ("f_linear", *bf16_onednn, "upcast", *gemm)
         assert not has_choice(x.half(), w.half())  # F.linear only
         assert not has_choice(x, w.T.contiguous().T)  # a transposed view: F.linear handles the strides
         assert not has_choice(x, w.double())  # mixed dtypes: F.linear decides what that means
@@ -107,7 +111,7 @@ def test_rows_key_is_exact_for_streaming_products_and_bucketed_above():
     assert [rows_key(r) for r in (STREAM_ROWS + 1, 16, 17, 100, 128, 129, 4096)] == [16, 16, 32, 128, 128, 256, 4096]
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv"])
+@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv", "gemm"])
 def test_forced_path_applies_without_measuring(fresh_choices, path):
     x, w = torch.randn(3, 16), torch.randn(8, 16)
     with torch.inference_mode(), PATHS.forced(path):
@@ -142,19 +146,20 @@ def test_non_contiguous_input(path):
         assert max_rel(linear(x, w, path=path), x.double() @ w.double().T) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv"])
+@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv", "gemm"])
 def test_flop_counter_sees_every_path(path, monkeypatch):
     """FlopCounterMode counts 2 * tokens * out * in whichever library runs the product (the upcast in blocks)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     monkeypatch.setattr(torch_linear, "UPCAST_BYTES", 4 * 37 * 10)  # 10 rows a block: 6 blocks
-    x, w = torch.randn(3, 37), torch.randn(53, 37)
-    if path == "upcast":
+    rows = 11 if path == "gemm" else 3  # the many-row kernel takes more than a decode step's rows
+    x, w = torch.randn(rows, 37), torch.randn(53, 37)
+    if path in ("upcast", "gemm"):
         x, w = x.bfloat16(), w.bfloat16()
     for grad in (False, True):
         with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
             linear(x, w.requires_grad_(grad), path=path)
-        assert counter.get_total_flops() == 2 * 3 * 53 * 37
+        assert counter.get_total_flops() == 2 * rows * 53 * 37
 
 
 def test_the_first_product_counts_only_its_own_flops():
@@ -178,12 +183,16 @@ def test_without_onednn_or_the_kernel_falls_back_to_f_linear(monkeypatch, fresh_
     _onednn_available.cache_clear()
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     monkeypatch.setattr(torch_gemv, "available", lambda: False)  # no compiler, no AVX2: kernels/cpu/build.py
+    monkeypatch.setattr(torch_gemm, "available", lambda: False)  # no AMX
     try:
         x, w = torch.randn(4, 37), torch.randn(53, 37)
         with torch.inference_mode():
             assert not has_choice(x, w) and path_of(x, w) == "f_linear"
             for path in ("onednn", "gemv"):
                 assert max_rel(linear(x, w, path=path), x.double() @ w.double().T) <= MAX_REL
+            x16, w16 = torch.randn(12, 37).bfloat16(), torch.randn(53, 37).bfloat16()
+            assert forms_for(x16, w16) == ("f_linear", "upcast")
+            assert max_rel(linear(x16, w16, path="gemm"), x16.double() @ w16.double().T) <= BF16_REL
         assert fresh_choices.chosen() == {}  # nothing to choose between: nothing measured
     finally:
         _onednn_available.cache_clear()  # the next caller probes the real build again

@@ -1,0 +1,130 @@
+"""PyTorch launcher of the CPU many-row bfloat16 product (kernels/cpu/gemm_amx_rows.c, on AMX tiles):
+`gemm(x2, weight, bias)` = x2 @ weight^T + bias.
+
+torch_impl/linear.py offers it as the path "gemm" beside F.linear and oneDNN for products of more than a decode
+step's rows (a prompt's), chosen by measurement; the twin of kernels/cpu/jax_gemm.py, whose kernel reads Flax's
+layout. This one reads nn.Linear's weight [out, in] in place, bfloat16, accumulates in float32 and rounds the result
+once to bfloat16 as torch rounds (or returns the float32 sum: `out_dtype`). Called through ctypes on the tensors'
+memory, on torch's OpenMP team (the library is loaded after torch: the same libgomp.so.1, sized by
+torch.set_num_threads). Registered as the operator `torch.ops.decoder_parity.gemm` (CPU), taken whenever a dispatch
+mode (FlopCounterMode) or the profiler is active. Inference only (no autograd), CPU tensors only, and only where the
+processor has AMX (kernels/cpu/build.py's ISA): `supports` says when it applies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch.utils import flop_counter
+
+from kernels.cpu import build
+
+MIN_ROWS = 9  # fewer token rows are a decode step's: kernels/cpu/gemv.c streams those
+LIBRARY = "gemm_amx_rows"
+_P, _L = ctypes.c_void_p, ctypes.c_long
+_refused: list[str] = []
+
+
+@functools.cache
+def _function() -> ctypes._CFuncPtr | None:
+    lib = build.load(LIBRARY)
+    if lib is None:
+        return None
+    if (err := lib.gemm_amx_rows_permit()) != 0:
+        _refused.append(f"Linux refused the AMX tile state (arch_prctl returned {err})")
+        return None
+    fn = lib.gemm_amx_rows_bf16
+    fn.argtypes, fn.restype = [_P, _P, _P, _P, _L, _L, _L, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def available() -> bool:
+    """Whether the kernel runs here (`unavailable` says why not)."""
+    return _function() is not None
+
+
+def unavailable() -> str | None:
+    """Why the kernel is not available in this process, or None (available, or not asked for yet)."""
+    return _refused[0] if _refused else build.unavailable(LIBRARY)
+
+
+def supports(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """x2 [rows >= MIN_ROWS, in], weight [out, in] contiguous, bias [out] or None, all bfloat16 on the CPU, and
+    the kernel built here."""
+    return (
+        x2.dtype is torch.bfloat16
+        and weight.dtype is torch.bfloat16
+        and x2.dim() == 2
+        and weight.dim() == 2
+        and x2.shape[0] >= MIN_ROWS
+        and x2.shape[1] == weight.shape[1] > 0
+        and weight.shape[0] > 0
+        and x2.is_cpu
+        and weight.is_cpu
+        and (bias is None or (bias.dtype is torch.bfloat16 and bias.is_cpu and bias.shape == (weight.shape[0],)))
+        and weight.is_contiguous()
+        and available()
+    )
+
+
+def gemm(
+    x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """x2 [rows, in] @ weight[out, in]^T (+ bias) -> [rows, out], rounded to bfloat16 (out_dtype None or
+    torch.bfloat16) or the float32 sum (torch.float32); a ValueError naming the tensors where `supports` does not
+    hold."""
+    if not supports(x2, weight, bias) or out_dtype not in (None, torch.bfloat16, torch.float32):
+        raise ValueError(
+            f"gemm: x {tuple(x2.shape)} {x2.dtype} {x2.device}, weight {tuple(weight.shape)} {weight.dtype} "
+            f"(contiguous: {weight.is_contiguous()}), bias {None if bias is None else tuple(bias.shape)}, out_dtype "
+            f"{out_dtype}: needs CPU bfloat16 tensors, x [rows >= {MIN_ROWS}, in], weight [out, in] contiguous, "
+            f"bias [out], out_dtype bfloat16 or float32 (kernel available: {available()}; {unavailable() or 'built'})"
+        )
+    return launch(x2, weight, bias, out_dtype=out_dtype)
+
+
+def launch(
+    x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """`gemm` for a caller that has checked `supports` itself (torch_impl/linear.py's forms_for)."""
+    f32 = out_dtype is torch.float32
+    if not torch._C._len_torch_dispatch_stack() and not torch.autograd.profiler._is_profiler_enabled:
+        return _run(x2, weight, bias, f32)  # nobody to see the operator: skip its dispatch
+    return _operator()(x2, weight, bias, f32)
+
+
+def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, f32: bool) -> torch.Tensor:
+    x2 = x2.contiguous()  # [rows, in]: a copy only where x2 is strided
+    rows, out_features = x2.shape[0], weight.shape[0]
+    out = torch.empty(rows, out_features, dtype=torch.float32 if f32 else torch.bfloat16)  # [rows, out]
+    b = None if bias is None else bias.contiguous()
+    err = _function()(
+        x2.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), out.data_ptr(),
+        rows, x2.shape[1], out_features, int(f32),
+    )  # fmt: skip
+    if err != 0:
+        raise MemoryError(f"gemm: no memory for the packed copy of x {tuple(x2.shape)} (kernels/cpu/gemm_amx_rows.c)")
+    return out
+
+
+def _gemm_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    """x [rows, in] @ w[out, in]^T: 2 * rows * out * in, as FlopCounterMode counts aten.mm."""
+    return 2 * x_shape[0] * w_shape[0] * x_shape[1]
+
+
+@functools.cache
+def _operator():
+    """torch.ops.decoder_parity.gemm, defined once per process (a CPU kernel, no autograd formula)."""
+    library = torch.library.Library("decoder_parity", "FRAGMENT")
+    library.define("gemm(Tensor x, Tensor weight, Tensor? bias, bool f32) -> Tensor")
+    library.impl("gemm", _run, "CPU")
+    _LIBRARIES.append(library)  # a Library unregisters its operators when collected
+    op = torch.ops.decoder_parity.gemm
+    flop_counter.register_flop_formula(op)(_gemm_flops)
+    return op
+
+
+_LIBRARIES: list[torch.library.Library] = []
+_operator()  # at import: FlopCounterMode copies the FLOP formulas when it is created, maybe before the first call

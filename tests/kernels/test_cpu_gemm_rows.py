@@ -1,0 +1,144 @@
+"""kernels/cpu/gemm_amx_rows.c through its torch launcher (torch_gemm.py): the many-row bfloat16 product that reads
+nn.Linear's weight [out, in] in place, against its float64 reference (reference.py, "rows"), at shapes that leave a
+tail in every loop (blocks of 32 rows of W, 16-token blocks in pairs, steps of 32 k, K blocks of 8 steps, chunks of
+rows); its bf16 result as torch rounds the float32 sum; that an output's sum depends neither on where its row falls
+nor on the number of threads; bad operands refused by name; which processors build it (kernels/cpu/build.py's ISA).
+
+The float32 sum is held to the float32 table's bound (reordered float32 sums; parity/tolerances.py): a bf16 product
+is exact in float32, so the only error is the order of the float32 sum."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.cpu import build, torch_gemm
+from kernels.cpu.reference import gemv_reference
+from parity.tolerances import TOLERANCES
+
+MAX_REL = TOLERANCES["float32"].max_rel
+CAN_BUILD = build._unsupported(torch_gemm.LIBRARY) is None  # x86-64 with AMX (Sapphire Rapids and later), a compiler
+needs_kernel = pytest.mark.skipif(not CAN_BUILD, reason=f"not buildable here: {build._unsupported(torch_gemm.LIBRARY)}")
+
+
+def operands(rows: int, in_: int, out: int, seed: int = 0, bias: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_, generator=gen).bfloat16()
+    w = torch.randn(out, in_, generator=gen).bfloat16()  # [out, in]: nn.Linear's layout
+    b = torch.randn(out, generator=gen).bfloat16() if bias else None
+    return x, w, b
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> np.ndarray:
+    as_f32 = lambda t: None if t is None else t.float().numpy()  # noqa: E731 (bf16 widens exactly)
+    return gemv_reference(as_f32(x), as_f32(w), as_f32(b), "rows")
+
+
+def rel(got: torch.Tensor, want: np.ndarray) -> float:
+    return float(np.abs(got.double().numpy() - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def test_the_kernel_builds_where_the_processor_has_amx():
+    """Where the processor has AMX (and the AVX-512 it is compiled with), the library builds and Linux grants the
+    tile state (a broken source fails here instead of torch_impl quietly keeping the libraries' GEMM); elsewhere the
+    reason names what is missing."""
+    if not CAN_BUILD:
+        assert "amx" in build._unsupported(torch_gemm.LIBRARY) or build._unsupported() is not None
+        assert not torch_gemm.supports(*operands(16, 32, 32)[:2], None)
+        return
+    assert torch_gemm.available(), torch_gemm.unavailable()
+
+
+def test_processors_without_amx_get_a_reason(monkeypatch):
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"}))
+    assert build._unsupported(torch_gemm.LIBRARY) == "the processor lacks amx_tile, amx_bf16"
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # an AVX2 machine (AMD EPYC here)
+    assert (
+        build._unsupported(torch_gemm.LIBRARY) == "the processor lacks avx512f, avx512bw, avx512vl, amx_tile, amx_bf16"
+    )
+
+
+@needs_kernel
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    ("rows", "in_", "out"),
+    [(9, 1, 1), (9, 31, 17), (16, 32, 16), (33, 33, 47), (45, 96, 40), (64, 256, 32), (100, 300, 70),
+     (31, 1000, 1025), (1100, 1024, 96), (600, 3000, 33), (2000, 40, 50)],
+)  # fmt: skip
+def test_matches_float64_product(rows, in_, out, bias):
+    """Tails everywhere: W's last block of 32 rows partial (1, 17, 47, 1025, ...), widths that are not a whole step
+    (1, 31, 33, 300, 1000, 3000: W's blocks copied zero-padded), a last K block short of 8 steps (300, 1000, 3000), a
+    partial pair of token blocks (9, 33, 45, 100), rows in several chunks (1100 at in 1024: chunks of 512; 2000 at
+    in 40: chunks of 1024)."""
+    x, w, b = operands(rows, in_, out, bias=bias)
+    got = torch_gemm.gemm(x, w, b, out_dtype=torch.float32)
+    assert got.shape == (rows, out) and got.dtype == torch.float32
+    assert rel(got, reference(x, w, b)) <= MAX_REL
+
+
+@needs_kernel
+@pytest.mark.parametrize(("rows", "in_", "out"), [(9, 31, 17), (45, 96, 40), (100, 300, 70), (31, 1000, 1025)])
+def test_bfloat16_result_is_the_float32_sum_rounded_as_torch_rounds(rows, in_, out):
+    """The bf16 output is the float32 output rounded once, bit for bit as torch rounds it (to nearest, ties to
+    even), halfway cases included: small integers make many sums exact ties."""
+    x, w, b = operands(rows, in_, out, bias=True)
+    torch.testing.assert_close(
+        torch_gemm.gemm(x, w, b), torch_gemm.gemm(x, w, b, out_dtype=torch.float32).bfloat16(), rtol=0, atol=0
+    )
+    gen = torch.Generator().manual_seed(3)
+    xi = torch.randint(-8, 9, (rows, in_), generator=gen).bfloat16()
+    wi = torch.randint(-8, 9, (out, in_), generator=gen).bfloat16() * 37  # sums past bf16's 8 bits: rounded
+    sums = torch_gemm.gemm(xi, wi, out_dtype=torch.float32)
+    assert torch.equal(sums.double(), xi.double() @ wi.double().T)  # exact in float32
+    assert torch.equal(torch_gemm.gemm(xi, wi).view(torch.int16), sums.bfloat16().view(torch.int16))
+
+
+@needs_kernel
+def test_a_rows_sum_does_not_depend_on_its_place_or_the_threads():
+    """Each output is one chain of tile products in k order, whatever its token block, chunk, K block or thread: a
+    row's result is bit for bit the same in a product of 1100 rows (three chunks) as in one of 9, and the same on
+    one thread as on the team."""
+    x, w, b = operands(1100, 1024, 70, seed=1, bias=True)
+    whole = torch_gemm.gemm(x, w, b, out_dtype=torch.float32)
+    for row in (0, 15, 16, 31, 32, 511, 512, 1099):
+        alone = torch_gemm.gemm(x[row : row + 1].expand(9, -1), w, b, out_dtype=torch.float32)
+        assert torch.equal(alone[0], whole[row]) and torch.equal(alone[8], whole[row])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(torch_gemm.gemm(x, w, b, out_dtype=torch.float32), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_strided_input_and_the_flop_counter():
+    """x may be a strided view (the launcher makes it contiguous); FlopCounterMode sees the operator's 2 * rows *
+    out * in FLOPs, as it counts aten.mm."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w, _ = operands(20, 64, 48)
+    wide = torch.cat([x, x], dim=1)[:, ::2]  # [20, 64], strided
+    assert torch.equal(torch_gemm.gemm(wide, w), torch_gemm.gemm(wide.contiguous(), w))
+    with FlopCounterMode(display=False) as counter:
+        got = torch_gemm.gemm(x, w)
+    assert counter.get_total_flops() == 2 * 20 * 48 * 64
+    assert torch.equal(got, torch_gemm.gemm(x, w))  # through the registered operator: the same product
+
+
+def test_bad_operands_are_refused_by_name():
+    x, w, b = operands(16, 40, 24, bias=True)
+    with pytest.raises(ValueError, match=r"gemm: x \(16, 40\) torch.float32"):
+        torch_gemm.gemm(x.float(), w)  # not bf16
+    with pytest.raises(ValueError, match=r"weight \(40, 24\) torch.bfloat16 \(contiguous: False\)"):
+        torch_gemm.gemm(x, w.T)  # W [in, out]: not the kernel's layout
+    with pytest.raises(ValueError, match=r"x \(8, 40\)"):
+        torch_gemm.gemm(x[:8], w)  # a decode step's rows: gemv's
+    with pytest.raises(ValueError, match=r"bias \(23,\)"):
+        torch_gemm.gemm(x, w, b[:23])
+    with pytest.raises(ValueError, match="out_dtype torch.float16"):
+        torch_gemm.gemm(x, w, out_dtype=torch.float16)

@@ -5,7 +5,8 @@ rows); its bf16 result as torch rounds the float32 sum; that an output's sum dep
 nor on the number of threads; bad operands refused by name; which processors build it (kernels/cpu/build.py's ISA).
 
 The float32 sum is held to the float32 table's bound (reordered float32 sums; parity/tolerances.py): a bf16 product
-is exact in float32, so the only error is the order of the float32 sum."""
+is exact in float32, so the only error is the order of the float32 sum. A bf16 model's prompt with every product on
+the kernel is held to the bf16 table's bound against the same prompt on F.linear."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ import numpy as np
 import pytest
 import torch
 
+import torch_impl
 from kernels.cpu import build, torch_gemm
 from kernels.cpu.reference import gemv_reference
 from parity.tolerances import TOLERANCES
+from tests.kernels.decode_layer_cases import MASK, PROMPT, SPECS, write
+from torch_impl import linear
 
 MAX_REL = TOLERANCES["float32"].max_rel
 CAN_BUILD = build._unsupported(torch_gemm.LIBRARY) is None  # x86-64 with AMX (Sapphire Rapids and later), a compiler
@@ -142,3 +146,25 @@ def test_bad_operands_are_refused_by_name():
         torch_gemm.gemm(x, w, b[:23])
     with pytest.raises(ValueError, match="out_dtype torch.float16"):
         torch_gemm.gemm(x, w, out_dtype=torch.float16)
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", list(SPECS))  # Qwen3's, odd widths (76, 100, 20), Qwen2's with q/k/v biases
+def test_a_bf16_prompt_on_the_kernel_matches_the_library(tmp_path, shape, monkeypatch):
+    """A bf16 model's forward over a 3 x 5 prompt (15 rows: the kernel's) with every product pinned to the kernel
+    gives the logits of F.linear within the bf16 table's bound for its depth, the kernel running every product."""
+    write(tmp_path, SPECS[shape])
+    model = torch_impl.from_pretrained(tmp_path, "bfloat16")
+    calls = []
+    run = torch_gemm._run
+    monkeypatch.setattr(torch_gemm, "_run", lambda *args: calls.append(args[1].shape) or run(*args))
+    with torch.inference_mode(), linear.PATHS.forced("gemm"):
+        got = model(PROMPT, attention_mask=MASK).float()
+    spec = model.spec
+    # every layer's q, k, v, o, gate_up and down projections, and the head over all 15 rows
+    assert len(calls) == 6 * spec.num_hidden_layers + 1 and (spec.vocab_size, spec.hidden_size) in calls
+    with torch.inference_mode(), linear.PATHS.forced("f_linear"):
+        want = model(PROMPT, attention_mask=MASK).float()
+    bound = TOLERANCES["bfloat16"].bound(spec.num_hidden_layers)
+    keep = torch.from_numpy(MASK).bool()  # padded positions attend to nothing meaningful
+    assert ((got - want).abs()[keep].max() / want.abs()[keep].max()).item() <= bound.max_rel

@@ -18,10 +18,10 @@
  * every block of W passes over it); within a chunk, x's 16-token blocks are packed step by step (32 k per step) into
  * B tiles, and W's 32-row blocks are shared among the threads, each multiplied by every token block of the chunk:
  * per step two A tiles (W's rows), two B tiles (32 tokens), four tile products into four C tiles. The steps are taken
- * KB at a time, every pair of token blocks in turn over the same A tiles (which then come from the core's nearest
- * cache, where a whole row of W would not), the C tiles set aside between K blocks: a K block of 8 steps ran 5-15%
- * faster than the whole sum at once (docs/benchmarks.md). A block of W with rows past `out` or a width not a multiple of 32 is first copied, zero-padded, into a
- * buffer of the thread's: a tile then never reads past W's end nor multiplies a neighbour's weights.
+ * KB at a time, every pair of token blocks in turn over the same A tiles while they are still in the core's caches,
+ * the C tiles set aside between K blocks (faster than each pair's whole sum at once: docs/benchmarks.md). A block of
+ * W with rows past `out` or a width not a multiple of 32 is first copied, zero-padded, into a buffer of the thread's:
+ * a tile then never reads past W's end nor multiplies a neighbour's weights.
  */
 #include <immintrin.h>
 #include <stdint.h>

@@ -19,9 +19,9 @@ import functools
 import torch
 from torch.utils import flop_counter
 
-from kernels.cpu import build
+from kernels.cpu import build, torch_gemv
 
-MIN_ROWS = 9  # fewer token rows are a decode step's: kernels/cpu/gemv.c streams those
+MIN_ROWS = torch_gemv.MAX_ROWS + 1  # fewer token rows are a decode step's: kernels/cpu/gemv.c streams those
 LIBRARY = "gemm_amx_rows"
 _P, _L = ctypes.c_void_p, ctypes.c_long
 _refused: list[str] = []

@@ -1,6 +1,7 @@
-/* The AMX tile state both tile kernels set up (gemm_amx.c, attend_amx.c): Linux's grant of it to the process, and the
- * one tile configuration both use. AMX_TARGET: the target attribute of the including file's AMX functions, where the
- * file is not compiled for AMX as a whole (attend_amx.c); empty otherwise. */
+/* The AMX tile state the tile kernels set up (gemm_amx.c, gemm_amx_rows.c, attend_amx.c): Linux's grant of it to the
+ * process, the one tile configuration they use, and the GEMMs' C tiles' loads and stores. AMX_TARGET: the target
+ * attribute of the including file's AMX functions, where the file is not compiled for AMX as a whole (attend_amx.c);
+ * empty otherwise. */
 #ifndef DECODER_PARITY_AMX_H
 #define DECODER_PARITY_AMX_H
 
@@ -32,6 +33,28 @@ static inline AMX_TARGET void amx_configure(void) {
     c.palette = 1;
     for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
     _tile_loadconfig(&c);
+}
+
+/* The four C tiles (0-3) of a 32 x 32 float32 block whose 16 x 16 quarters start at q[0..3], rows `stride` bytes
+ * apart: zeroed for the block's first K block (`first`), else loaded; and stored back after a K block. */
+static inline AMX_TARGET void amx_c_load(int first, float *const q[4], long stride) {
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        return;
+    }
+    _tile_loadd(0, q[0], stride);
+    _tile_loadd(1, q[1], stride);
+    _tile_loadd(2, q[2], stride);
+    _tile_loadd(3, q[3], stride);
+}
+static inline AMX_TARGET void amx_c_store(float *const q[4], long stride) {
+    _tile_stored(0, q[0], stride);
+    _tile_stored(1, q[1], stride);
+    _tile_stored(2, q[2], stride);
+    _tile_stored(3, q[3], stride);
 }
 
 #endif

@@ -86,18 +86,9 @@ int gemm_amx_item(const uint16_t *x, long ldx, const uint16_t *w, float *y, long
                 const uint16_t *b = buf + j * kb * PAIR;
                 for (long r = r0; r < r1; r += 32) {
                     float *c = y + r * ldy + (g + j) * PANEL;
+                    float *const q[4] = {c, c + 16, c + 16 * ldy, c + 16 * ldy + 16};
                     const long stride = ldy * sizeof(float);
-                    if (s0 == 0) {
-                        _tile_zero(0);
-                        _tile_zero(1);
-                        _tile_zero(2);
-                        _tile_zero(3);
-                    } else {
-                        _tile_loadd(0, c, stride);
-                        _tile_loadd(1, c + 16, stride);
-                        _tile_loadd(2, c + 16 * ldy, stride);
-                        _tile_loadd(3, c + 16 * ldy + 16, stride);
-                    }
+                    amx_c_load(s0 == 0, q, stride);
                     const uint16_t *xa = x + r * ldx + s0 * STEP, *xb = xa + 16 * ldx;  // rows r.., r + 16..
                     for (long s = 0; s < kb; s++) {
                         _tile_loadd(4, xa + STEP * s, ldx * 2);
@@ -109,10 +100,7 @@ int gemm_amx_item(const uint16_t *x, long ldx, const uint16_t *w, float *y, long
                         _tile_dpbf16ps(2, 5, 6);
                         _tile_dpbf16ps(3, 5, 7);
                     }
-                    _tile_stored(0, c, stride);
-                    _tile_stored(1, c + 16, stride);
-                    _tile_stored(2, c + 16 * ldy, stride);
-                    _tile_stored(3, c + 16 * ldy + 16, stride);
+                    amx_c_store(q, stride);
                 }
             }
         }

@@ -178,17 +178,8 @@ int gemm_amx_rows_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bia
                         for (long p = 0; p < pairs; p++) {
                             const uint16_t *b0 = packed + 2 * p * steps * TILE, *b1 = b0 + steps * TILE;
                             float *c = tiles + p * 4 * 256;  // C tiles 0-3, 256 floats each
-                            if (s0 == 0) {
-                                _tile_zero(0);
-                                _tile_zero(1);
-                                _tile_zero(2);
-                                _tile_zero(3);
-                            } else {
-                                _tile_loadd(0, c, 64);
-                                _tile_loadd(1, c + 256, 64);
-                                _tile_loadd(2, c + 512, 64);
-                                _tile_loadd(3, c + 768, 64);
-                            }
+                            float *const q[4] = {c, c + 256, c + 512, c + 768};
+                            amx_c_load(s0 == 0, q, 64);
                             for (long s = s0; s < s1; s++) {
                                 _tile_loadd(4, a0 + s * STEP, ld);
                                 _tile_loadd(5, a1 + s * STEP, ld);
@@ -199,14 +190,11 @@ int gemm_amx_rows_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bia
                                 _tile_dpbf16ps(2, 5, 6);
                                 _tile_dpbf16ps(3, 5, 7);
                             }
-                            _tile_stored(0, c, 64);
-                            _tile_stored(1, c + 256, 64);
-                            _tile_stored(2, c + 512, 64);
-                            _tile_stored(3, c + 768, 64);
+                            amx_c_store(q, 64);
                             if (s1 < steps) continue;
-                            for (int q = 0; q < 4; q++) {
-                                const long o0 = ob * BLOCK + (q >> 1) * 16, t0 = r0 + p * BLOCK + (q & 1) * 16;
-                                if (o0 < out) store(c + q * 256, o0, t0, r1, out, bias, y, y_f32);
+                            for (int t = 0; t < 4; t++) {
+                                const long o0 = ob * BLOCK + (t >> 1) * 16, t0 = r0 + p * BLOCK + (t & 1) * 16;
+                                if (o0 < out) store(q[t], o0, t0, r1, out, bias, y, y_f32);
                             }
                         }
                     }

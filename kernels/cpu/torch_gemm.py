@@ -17,9 +17,8 @@ import ctypes
 import functools
 
 import torch
-from torch.utils import flop_counter
 
-from kernels.cpu import build, torch_gemv
+from kernels.cpu import build, torch_gemv, torch_operator
 
 MIN_ROWS = torch_gemv.MAX_ROWS + 1  # fewer token rows are a decode step's: kernels/cpu/gemv.c streams those
 LIBRARY = "gemm_amx_rows"
@@ -109,22 +108,10 @@ def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, f32:
     return out
 
 
-def _gemm_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
-    """x [rows, in] @ w[out, in]^T: 2 * rows * out * in, as FlopCounterMode counts aten.mm."""
-    return 2 * x_shape[0] * w_shape[0] * x_shape[1]
-
-
 @functools.cache
 def _operator():
-    """torch.ops.decoder_parity.gemm, defined once per process (a CPU kernel, no autograd formula)."""
-    library = torch.library.Library("decoder_parity", "FRAGMENT")
-    library.define("gemm(Tensor x, Tensor weight, Tensor? bias, bool f32) -> Tensor")
-    library.impl("gemm", _run, "CPU")
-    _LIBRARIES.append(library)  # a Library unregisters its operators when collected
-    op = torch.ops.decoder_parity.gemm
-    flop_counter.register_flop_formula(op)(_gemm_flops)
-    return op
+    """torch.ops.decoder_parity.gemm, defined once per process."""
+    return torch_operator.define("gemm", "gemm(Tensor x, Tensor weight, Tensor? bias, bool f32) -> Tensor", _run)
 
 
-_LIBRARIES: list[torch.library.Library] = []
 _operator()  # at import: FlopCounterMode copies the FLOP formulas when it is created, maybe before the first call

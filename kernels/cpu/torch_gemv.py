@@ -15,9 +15,8 @@ import ctypes
 import functools
 
 import torch
-from torch.utils import flop_counter
 
-from kernels.cpu import build
+from kernels.cpu import build, torch_operator
 
 MAX_ROWS = 8  # gemv.c's MAX_ROWS: more token rows are a GEMM, the libraries' ground
 _P, _L = ctypes.c_void_p, ctypes.c_long
@@ -93,22 +92,10 @@ def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> t
     return out if f32 else out.to(x2.dtype)
 
 
-def _gemv_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
-    """x [rows, in] @ w[out, in]^T: 2 * rows * out * in, as FlopCounterMode counts aten.mm."""
-    return 2 * x_shape[0] * w_shape[0] * x_shape[1]
-
-
 @functools.cache
 def _operator():
-    """torch.ops.decoder_parity.gemv, defined once per process (a CPU kernel, no autograd formula)."""
-    library = torch.library.Library("decoder_parity", "DEF")
-    library.define("gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
-    library.impl("gemv", _run, "CPU")
-    _LIBRARIES.append(library)  # a Library unregisters its operators when collected
-    op = torch.ops.decoder_parity.gemv
-    flop_counter.register_flop_formula(op)(_gemv_flops)
-    return op
+    """torch.ops.decoder_parity.gemv, defined once per process."""
+    return torch_operator.define("gemv", "gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _run)
 
 
-_LIBRARIES: list[torch.library.Library] = []
 _operator()  # at import: FlopCounterMode copies the FLOP formulas when it is created, maybe before the first call

@@ -162,9 +162,9 @@ def _step_functions(
     return prefill, decode_step
 
 
-# compiled_steps' results by the graph definition's identity: hashing an nnx GraphDef walks it (~2 ms, inside the time
-# to the first token), and split_model hands back the same object for an unchanged model. Each entry holds its graph
-# definition, so its id is not reused while the entry stands.
+# compiled_steps' results by the graph definition's identity: hashing an nnx GraphDef walks it (inside the time to
+# the first token; docs/benchmarks.md), and split_model hands back the same object for an unchanged model. Each entry
+# holds its graph definition, so its id is not reused while the entry stands.
 _BY_IDENTITY: dict[tuple, tuple[nnx.GraphDef, tuple[Callable, Callable]]] = {}
 
 
@@ -223,7 +223,7 @@ def generate(
     key_valid = np.zeros((batch, prompt_len + max_new_tokens), bool)  # [B, S_max]
     key_valid[:, :prompt_len] = prompts.mask.astype(bool)
     # One key for the whole generation: each compiled step folds in its cache length, so steps draw afresh without
-    # the host slicing a per-step key (a dispatch of its own, ~1.8 ms of a 2-core CPU each step, beside the step).
+    # the host slicing a per-step key (a dispatch of its own each step, on the cores the step computes on).
     key = jax.random.key(params.seed)
     graphdef, leaves, treedef = split_model(model)
     steps, logits_seen = [], []

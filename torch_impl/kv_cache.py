@@ -42,7 +42,7 @@ class KVCache:
         layers get a ring of spec/kv_cache.py's `layer_slots`, zeroed (a ring's empty entries are read, masked).
         A full layer's buffers are left unwritten: `update` hands out only its filled slots, and every reader of
         the buffers themselves (the CPU decode kernels) reads those alone, so zeroing them was a pass over the
-        whole cache before each generation's prompt (~100 ms at 4096 bf16 slots of the 0.6B shape)."""
+        whole cache before each generation's prompt (docs/benchmarks.md has its cost)."""
         check_capacity(max_len, spec)
         n_kv, d = spec.num_key_value_heads, spec.head_dim
         layers = range(spec.num_hidden_layers)

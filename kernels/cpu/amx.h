@@ -1,7 +1,7 @@
 /* The AMX tile state the tile kernels set up (gemm_amx.c, gemm_amx_rows.c, attend_amx.c): Linux's grant of it to the
- * process, the one tile configuration they use, and the GEMMs' C tiles' loads and stores. AMX_TARGET: the target
- * attribute of the including file's AMX functions, where the file is not compiled for AMX as a whole (attend_amx.c);
- * empty otherwise. */
+ * process, the one tile configuration they use, the GEMMs' C tiles' loads and stores, and the 16 x 16 transpose of
+ * 32-bit elements that lays out their operands. AMX_TARGET: the target attribute of the including file's AMX
+ * functions, where the file is not compiled for AMX as a whole (attend_amx.c); empty otherwise. */
 #ifndef DECODER_PARITY_AMX_H
 #define DECODER_PARITY_AMX_H
 
@@ -33,6 +33,31 @@ static inline AMX_TARGET void amx_configure(void) {
     c.palette = 1;
     for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
     _tile_loadconfig(&c);
+}
+
+/* A 16 x 16 transpose of 32-bit elements, r[i] row i on entry, column i on return: pairs, then quads, then 128-bit
+ * lanes, then halves, exchanged. */
+static inline AMX_TARGET void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+    }
 }
 
 /* The four C tiles (0-3) of a 32 x 32 float32 block whose 16 x 16 quarters start at q[0..3], rows `stride` bytes

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "amx.h" /* the tile state: Linux's grant, the configuration (all 8 tiles 16 rows of 64 bytes) */
+#include "amx.h" /* the tile state, the C tiles' loads and stores, transpose16 */
 #include "bf16.h"
 
 // STEP: k per tile product; TILE: one tile's bf16 elements; BLOCK: W's rows (and tokens) per pair of tiles; KB: steps
@@ -38,33 +38,6 @@ enum { STEP = 32, TILE = 512, BLOCK = 32, KB = 8, MAX_CHUNK = 1024 };
 
 /* Linux hands a process the tile state only when asked (once per process): 0, or the error of the request. */
 int gemm_amx_rows_permit(void) { return amx_request(); }
-
-/* r[i] (16 32-bit lanes each) becomes column i of the 16 x 16 matrix the rows held. */
-static void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int i = 0; i < 4; i++) {  // 128-bit lanes: rows 0-3 with 4-7, 8-11 with 12-15, then across the halves
-        t[i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0x88);
-        t[4 + i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0xdd);
-        t[8 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0x88);
-        t[12 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0xdd);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88);
-        r[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0xdd);
-        r[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0x88);
-        r[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0xdd);
-    }
-}
 
 /* B tile (token block tb, step s) of rows [r0, r1): pair-row kp holds (x[t][k + 2kp], x[t][k + 2kp + 1]) for the
  * block's 16 tokens t, zero past `in` and past r1. Shared by the team: called inside its parallel region. */

@@ -25,9 +25,9 @@ A product of more rows (a prompt's, a training step's forward) is compute-bound,
 single dot, and
 
 - gemm: the project's own GEMM (kernels/cpu/jax_gemm.py, an XLA custom call): float32 on AVX-512 (gemm.c),
-  bfloat16 on AMX tiles (gemm_amx.c), each built only where the processor has those instructions, for x @ W[in, out].
-  On such a processor XLA:CPU's GEMM ran a prompt's products below what MKL, or oneDNN on AMX, reached
-  (docs/benchmarks.md).
+  bfloat16 on AMX tiles (gemm_amx.c) or else on AVX512_BF16 (gemm_dpbf16.c), each built only where the processor
+  has those instructions, for x @ W[in, out]. On such processors XLA:CPU's GEMM ran a prompt's products below what
+  MKL, oneDNN on AMX, or vdpbf16ps reached (docs/benchmarks.md).
 
 Every form accumulates in float32 and rounds once to the output dtype; they differ only by summation order
 (tests/jax_impl/test_linear.py checks each against a float64 product).

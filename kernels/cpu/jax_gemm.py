@@ -1,12 +1,16 @@
-"""JAX launcher of the CPU many-row products (kernels/cpu/gemm.c for float32 on AVX-512, gemm_amx.c for bfloat16 on
-AMX; bound to XLA by gemm_ffi.cc and gemm_amx_ffi.cc): `gemm(x, w)`.
+"""JAX launcher of the CPU many-row products (kernels/cpu/gemm.c for float32 on AVX-512; for bfloat16 gemm_amx.c on
+AMX, else gemm_dpbf16.c on AVX512_BF16; bound to XLA by gemm_ffi.cc, gemm_amx_ffi.cc and gemm_dpbf16_ffi.cc):
+`gemm(x, w)`.
 
 jax_impl/linear.py offers it as the form "gemm" beside the single dot for the products of more than a decode step's
 rows (a prompt's, a training step's forward), chosen by measurement. x [rows, in] @ W [in, out] (Flax's kernel
 layout), both float32 or both bfloat16, the float32 result returned for the caller to round once. Each dtype has its
-own library, built only where the processor has what it is compiled for (kernels.cpu.build.ISA): an AVX-512
-processor without AMX has the float32 one alone. A custom call inside a jitted program (jax.ffi.ffi_call),
-differentiable: its backward is the two plain products (jax_gemv.backward). CPU only.
+libraries, each built only where the processor has what it is compiled for (kernels.cpu.build.ISA): an AVX-512
+processor without AVX512_BF16 has the float32 one alone. Where bfloat16 has two, AMX's is taken: its tile product
+ran at 1050-1400 GFLOP/s on a 2-core Intel Xeon, above what vdpbf16ps can reach there at all (two cores, 32
+multiply-adds per instruction, at most two a cycle: ~900 GFLOP/s at 3.5 GHz); vdpbf16ps is for processors without
+tiles (AMD Zen 4, Intel Cooper Lake). A custom call inside a jitted program (jax.ffi.ffi_call), differentiable: its
+backward is the two plain products (jax_gemv.backward). CPU only.
 """
 
 from __future__ import annotations
@@ -19,28 +23,43 @@ import jax.numpy as jnp
 from kernels.cpu import build
 from kernels.cpu.jax_gemv import backward
 
-LIBRARIES = {"float32": ("gemm_xla", "GemmF32"), "bfloat16": ("gemm_amx_xla", "GemmAmxBF16")}  # (library, symbol)
-_refused: dict[str, str] = {}
+LIBRARIES = {  # per dtype, (library, symbol) in order of preference (the docstring says why): the first built is used
+    "float32": (("gemm_xla", "GemmF32"),),
+    "bfloat16": (("gemm_amx_xla", "GemmAmxBF16"), ("gemm_dpbf16_xla", "GemmDpBF16")),
+}
+_refused: dict[str, str] = {}  # per library
+
+
+def library(dtype: str) -> tuple[str, str] | None:
+    """The (library, symbol) of `dtype` ("float32", "bfloat16") built and registered with XLA here, the first of
+    LIBRARIES[dtype] that is, or None (`unavailable`: why)."""
+    return next(((name, symbol) for name, symbol in LIBRARIES[dtype] if _registered(name, symbol)), None)
 
 
 @functools.cache
-def available(dtype: str) -> bool:
-    """Whether the kernel for `dtype` ("float32", "bfloat16") is built and registered with XLA here (`unavailable`:
-    why not). Registration, and for AMX Linux's grant of the tile state, happen once per process."""
-    library, symbol = LIBRARIES[dtype]
-    lib = build.load(library, (jax.ffi.include_dir(),))
+def _registered(name: str, symbol: str) -> bool:
+    """Build `name` and register its handler `symbol` with XLA, once per process (for AMX, after Linux's grant of the
+    tile state)."""
+    lib = build.load(name, (jax.ffi.include_dir(),))
     if lib is None:
         return False
-    if library == "gemm_amx_xla" and (err := lib.gemm_amx_permit()) != 0:
-        _refused[dtype] = f"Linux refused the AMX tile state (arch_prctl returned {err})"
+    if name == "gemm_amx_xla" and (err := lib.gemm_amx_permit()) != 0:
+        _refused[name] = f"Linux refused the AMX tile state (arch_prctl returned {err})"
         return False
     jax.ffi.register_ffi_target(_target(symbol), jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     return True
 
 
+def available(dtype: str) -> bool:
+    """Whether a kernel for `dtype` is built and registered with XLA here (`library` says which)."""
+    return library(dtype) is not None
+
+
 def unavailable(dtype: str) -> str | None:
-    """Why the kernel for `dtype` is not available in this process, or None (available, or not asked for yet)."""
-    return _refused.get(dtype) or build.unavailable(LIBRARIES[dtype][0])
+    """Why no kernel for `dtype` is available in this process, each library's reason, or None (available, or not asked
+    for yet)."""
+    reasons = [(name, _refused.get(name) or build.unavailable(name)) for name, _ in LIBRARIES[dtype]]
+    return "; ".join(f"{name}: {why}" for name, why in reasons if why) or None
 
 
 def _target(symbol: str) -> str:
@@ -74,7 +93,7 @@ def gemm(x: jax.Array, w: jax.Array) -> jax.Array:
             f"among {sorted(LIBRARIES)}, on the CPU, with its kernel built ({why})"
         )
     call = jax.ffi.ffi_call(
-        _target(LIBRARIES[jnp.dtype(x.dtype).name][1]),
+        _target(library(jnp.dtype(x.dtype).name)[1]),
         jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32),  # [rows, out]
         vmap_method="sequential",
     )

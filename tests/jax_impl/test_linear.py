@@ -35,7 +35,7 @@ LINEAR_DIMS = (((1,), (0,)), ((), ()))  # nnx.Linear's dimension numbers for a 2
 ON_CPU = jax.default_backend() == "cpu"
 GEMV = ("gemv",) if ON_CPU and jax_gemv.available() else ()  # the CPU kernel, where it was built
 GEMM = ("gemm",) if ON_CPU and jax_gemm.available("float32") else ()  # the many-row kernel, where built (AVX-512)
-GEMM_BF16 = ("gemm",) if ON_CPU and jax_gemm.available("bfloat16") else ()  # its bfloat16 twin (AMX)
+GEMM_BF16 = ("gemm",) if ON_CPU and jax_gemm.available("bfloat16") else ()  # bfloat16's (AMX or AVX512_BF16)
 
 
 def max_rel(got: jax.Array, want: np.ndarray) -> float:
@@ -111,7 +111,7 @@ def test_gemv_form_is_a_custom_call():
 
 GEMM_CASES = [
     (jnp.float32, GEMM, "decoder_parity_GemmF32", MAX_REL),
-    (jnp.bfloat16, GEMM_BF16, "decoder_parity_GemmAmxBF16", BF16_REL),
+    (jnp.bfloat16, GEMM_BF16, f"decoder_parity_{(jax_gemm.library('bfloat16') or ('', 'none'))[1]}", BF16_REL),
 ]
 
 

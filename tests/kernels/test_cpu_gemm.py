@@ -1,9 +1,10 @@
-"""kernels/cpu/gemm.c and gemm_amx.c: the many-row float32 (AVX-512) and bfloat16 (AMX) products through their JAX
-launcher (jax_gemm.py) against their float64 reference (reference.py), at shapes that leave a tail in every loop
-(gemm.c: row tiles of 12, row blocks of 192, panels of 32 columns, K blocks of 256; gemm_amx.c: blocks of 32 rows,
-32 columns and 32 k, groups of 16 panels, K blocks of 256, the padded copies of x and y); that a float32 output's sum
-does not depend on where its row falls; bad operands refused by name; and which processors build them
-(kernels/cpu/build.py's ISA).
+"""kernels/cpu/gemm.c, gemm_amx.c and gemm_dpbf16.c: the many-row float32 (AVX-512) and bfloat16 (AMX; AVX512_BF16)
+products through their JAX launcher (jax_gemm.py), each library on its own wherever it builds, against their float64
+reference (reference.py), at shapes that leave a tail in every loop (gemm.c: row tiles of 12, row blocks of 192,
+panels of 32 columns, K blocks of 256; gemm_amx.c: blocks of 32 rows, 32 columns and 32 k, groups of 16 panels, K
+blocks of 256, the padded copies of x and y; gemm_dpbf16.c: row tiles of 6, row blocks of 192, panels of 64 columns
+in 16-column vectors, K blocks of 512, an odd k left alone in its pair); that an output's sum does not depend on where
+its row falls; bad operands refused by name; and which processors build them (kernels/cpu/build.py's ISA).
 
 The bound is the float32 table's (reordered float32 sums; parity/tolerances.py) for both: a bf16 product is exact in
 float32 and each kernel returns the float32 sum unrounded."""
@@ -17,18 +18,36 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.cpu import build
+import jax_impl
+from kernels.cpu import build, jax_gemm
 from kernels.cpu.reference import gemv_reference
 from parity.tolerances import TOLERANCES
+from tests.kernels.decode_layer_cases import MASK, PROMPT, SPECS, write
 
 MAX_REL = TOLERANCES["float32"].max_rel
 CAN_BUILD = build._unsupported("gemm_xla") is None  # x86-64 with AVX-512 (not every CI machine) and a compiler
-CAN_BUILD_AMX = build._unsupported("gemm_amx_xla") is None  # ... with AMX (Sapphire Rapids and later)
 needs_kernel = pytest.mark.skipif(not CAN_BUILD, reason=f"not buildable here: {build._unsupported('gemm_xla')}")
-DTYPES = [
-    "float32",
-    pytest.param("bfloat16", marks=pytest.mark.skipif(not CAN_BUILD_AMX, reason="no AMX here")),
-]
+
+
+def buildable(dtype: str, library: str):
+    why = build._unsupported(library)
+    return pytest.param(dtype, library, id=library, marks=pytest.mark.skipif(why is not None, reason=str(why)))
+
+
+# every library on its own: AMX processors have AVX512_BF16 too, and their bf16 products take AMX's kernel
+KERNELS = [buildable(dtype, library) for dtype, choices in jax_gemm.LIBRARIES.items() for library, _ in choices]
+SUMS_IN_K_ORDER = [buildable("float32", "gemm_xla"), buildable("bfloat16", "gemm_dpbf16_xla")]
+
+
+@pytest.fixture
+def only(monkeypatch):
+    """only(dtype, library): jax_gemm's kernel for `dtype` is `library`'s for this test."""
+
+    def pin(dtype: str, library: str) -> None:
+        monkeypatch.setitem(jax_gemm.LIBRARIES, dtype, tuple(c for c in jax_gemm.LIBRARIES[dtype] if c[0] == library))
+        assert jax_gemm.library(dtype)[0] == library, jax_gemm.unavailable(dtype)
+
+    return pin
 
 
 def rel(got: jax.Array, want: np.ndarray) -> float:
@@ -43,18 +62,24 @@ def operands(rows: int, in_: int, out: int, seed: int = 0, dtype: str = "float32
 
 
 @pytest.mark.parametrize(
-    ("dtype", "buildable", "flag"), [("float32", CAN_BUILD, "avx512f"), ("bfloat16", CAN_BUILD_AMX, "amx")]
+    ("library", "flag"), [("gemm_xla", "avx512f"), ("gemm_amx_xla", "amx"), ("gemm_dpbf16_xla", "avx512_bf16")]
 )
-def test_the_kernels_build_where_the_processor_has_their_instructions(dtype, buildable, flag):
+def test_the_kernels_build_where_the_processor_has_their_instructions(library, flag):
     """Where the processor has what a library is compiled for, it builds and registers (a broken source fails here
     instead of jax_impl quietly keeping XLA's dot); elsewhere the reason names what is missing."""
-    from kernels.cpu import jax_gemm
-
-    library = jax_gemm.LIBRARIES[dtype][0]
-    if not buildable:
-        assert flag in build._unsupported(library) or build._unsupported() is not None
+    why = build._unsupported(library)
+    if why is not None:
+        assert flag in why or build._unsupported() is not None
         return
-    assert jax_gemm.available(dtype), jax_gemm.unavailable(dtype)
+    symbol = dict(c for choices in jax_gemm.LIBRARIES.values() for c in choices)[library]
+    assert jax_gemm._registered(library, symbol), build.unavailable(library)
+
+
+def test_bfloat16_takes_amx_where_both_build():
+    """The preference jax_gemm's docstring argues: AMX's kernel where it builds, else vdpbf16ps's, else none."""
+    want = next((name for name, _ in jax_gemm.LIBRARIES["bfloat16"] if build._unsupported(name) is None), None)
+    assert (jax_gemm.library("bfloat16") or (None,))[0] == want
+    assert [name for name, _ in jax_gemm.LIBRARIES["bfloat16"]] == ["gemm_amx_xla", "gemm_dpbf16_xla"]
 
 
 def test_processors_without_avx512_get_a_reason(monkeypatch):
@@ -62,45 +87,44 @@ def test_processors_without_avx512_get_a_reason(monkeypatch):
     monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     assert build._unsupported("gemm_xla") == "the processor lacks avx512f"
     assert build._unsupported("gemm_amx_xla") == "the processor lacks avx512f, avx512bw, amx_tile, amx_bf16"
+    assert build._unsupported("gemm_dpbf16_xla") == "the processor lacks avx512f, avx512bw, avx512_bf16"
     monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw"}))
     assert build._unsupported("gemm_amx_xla") == "the processor lacks amx_tile, amx_bf16"  # AVX-512 without AMX
+    assert build._unsupported("gemm_dpbf16_xla") == "the processor lacks avx512_bf16"  # e.g. Skylake-SP, Zen 3 has none
     assert "avx512f" not in (build._unsupported("gemv_xla") or "")  # the AVX2 kernels ask for no more
 
 
-@needs_kernel
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("dtype", "library"), KERNELS)
 @pytest.mark.parametrize(
     ("rows", "in_", "out"),
     [(1, 1, 1), (11, 7, 5), (12, 255, 16), (13, 257, 17), (25, 300, 33), (32, 64, 32), (193, 513, 67),
-     (400, 64, 100), (64, 600, 1100)],
+     (400, 64, 100), (64, 600, 1100), (7, 1025, 65), (6, 512, 64), (5, 3, 129), (197, 1023, 130)],
 )  # fmt: skip
-def test_matches_float64_product(dtype, rows, in_, out):
-    from kernels.cpu import jax_gemm
-
+def test_matches_float64_product(only, dtype, library, rows, in_, out):
+    only(dtype, library)
     x, w = operands(rows, in_, out, dtype=dtype)
     got = jax.jit(jax_gemm.gemm)(x, w)
     assert got.shape == (rows, out) and got.dtype == jnp.float32
     assert rel(got, gemv_reference(np.asarray(x), np.asarray(w), None, "cols")) <= MAX_REL
 
 
-@needs_kernel
-def test_a_rows_sum_does_not_depend_on_its_place():
-    """Each output is one chain of fused multiply-adds in k order, whatever row tile, row block or thread computes
-    it: a row's result is bit for bit the same in a product of 401 rows (three row blocks, a short last tile) as
-    alone."""
-    from kernels.cpu import jax_gemm
-
-    x, w = operands(401, 600, 70, seed=1)
+@pytest.mark.parametrize(("dtype", "library"), SUMS_IN_K_ORDER)
+def test_a_rows_sum_does_not_depend_on_its_place(only, dtype, library):
+    """Each output is one chain of multiply-adds (pairs of them for vdpbf16ps) in k order, whatever row tile, row
+    block or thread computes it: a row's result is bit for bit the same in a product of 401 rows (three row blocks, a
+    short last tile) as alone, and alone with the columns of another product beside it."""
+    only(dtype, library)
+    x, w = operands(401, 600, 70, seed=1, dtype=dtype)
     whole = np.asarray(jax.jit(jax_gemm.gemm)(x, w))
-    for row in (0, 11, 12, 191, 192, 400):
+    for row in (0, 5, 6, 11, 12, 191, 192, 400):
         alone = np.asarray(jax.jit(jax_gemm.gemm)(x[row : row + 1], w))
         np.testing.assert_array_equal(whole[row : row + 1], alone)
+    wider = np.asarray(jax.jit(jax_gemm.gemm)(x[:7], jnp.concatenate([w, w[:, :61]], axis=1)))
+    np.testing.assert_array_equal(wider[:, :70], whole[:7])
 
 
 @needs_kernel
 def test_bad_operands_are_refused_by_name():
-    from kernels.cpu import jax_gemm
-
     x, w = operands(16, 40, 24)
     with pytest.raises(ValueError, match=r"gemm: x \(16, 40\) float32, w \(24, 40\) float32"):
         jax_gemm.gemm(x, w.T)  # W [out, in]: not the kernel's layout
@@ -110,3 +134,32 @@ def test_bad_operands_are_refused_by_name():
         jax_gemm.gemm(x.astype(jnp.float16), w.astype(jnp.float16))  # no kernel for it
     with pytest.raises(ValueError, match=r"x \(16, 0\)"):
         jax_gemm.gemm(x[:, :0], w[:0])
+
+
+@pytest.mark.skipif(not jax_gemm.available("bfloat16"), reason=f"no kernel here: {jax_gemm.unavailable('bfloat16')}")
+@pytest.mark.parametrize("shape", list(SPECS))  # Qwen3's, odd widths (76, 100, 20), Qwen2's with q/k/v biases
+def test_a_bf16_prompt_on_the_kernel_matches_the_dot(tmp_path, shape, monkeypatch):
+    """A bf16 model's forward over a 3 x 5 prompt (15 rows: more than a decode step's) with every product pinned to
+    this processor's bf16 kernel gives the logits of XLA's dot within the bf16 table's bound for its depth, the kernel
+    running every layer's q, k, v, o, gate_up and down projections and an untied head (a tied head, x @ E^T, is not its
+    layout)."""
+    from jax_impl import linear
+
+    write(tmp_path, SPECS[shape])
+    model = jax_impl.from_pretrained(tmp_path, "bfloat16")
+    calls = []
+    gemm = jax_gemm.gemm
+    monkeypatch.setattr(jax_gemm, "gemm", lambda x, w: calls.append(w.shape) or gemm(x, w))
+    jax.clear_caches()  # the forward's compiled program holds the forms it was traced with
+    with linear.PATHS.forced("gemm"):
+        got = np.asarray(model(PROMPT, attention_mask=MASK), np.float64)
+    spec = model.spec
+    products = 6 * spec.num_hidden_layers + (not spec.tie_word_embeddings)
+    assert len(calls) == products
+    jax.clear_caches()
+    with linear.PATHS.forced("dot"):
+        want = np.asarray(model(PROMPT, attention_mask=MASK), np.float64)
+    assert len(calls) == products  # no kernel in the dot's program
+    bound = TOLERANCES["bfloat16"].bound(spec.num_hidden_layers)
+    keep = MASK.astype(bool)  # padded positions attend to nothing meaningful
+    assert np.abs(got - want)[keep].max() / np.abs(want)[keep].max() <= bound.max_rel

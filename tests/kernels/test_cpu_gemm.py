@@ -6,8 +6,9 @@ blocks of 256, the padded copies of x and y; gemm_dpbf16.c: row tiles of 6, row 
 in 16-column vectors, K blocks of 512, an odd k left alone in its pair); that an output's sum does not depend on where
 its row falls; bad operands refused by name; and which processors build them (kernels/cpu/build.py's ISA).
 
-The bound is the float32 table's (reordered float32 sums; parity/tolerances.py) for both: a bf16 product is exact in
-float32 and each kernel returns the float32 sum unrounded."""
+The bound is the float32 table's (reordered float32 sums; parity/tolerances.py) for all three: a bf16 product is exact
+in float32 and each kernel returns the float32 sum unrounded. A bf16 model's prompt with every product on this
+processor's bf16 kernel is held to the bf16 table's bound against the same prompt on XLA's dot."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_processors_without_avx512_get_a_reason(monkeypatch):
     assert build._unsupported("gemm_dpbf16_xla") == "the processor lacks avx512f, avx512bw, avx512_bf16"
     monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw"}))
     assert build._unsupported("gemm_amx_xla") == "the processor lacks amx_tile, amx_bf16"  # AVX-512 without AMX
-    assert build._unsupported("gemm_dpbf16_xla") == "the processor lacks avx512_bf16"  # e.g. Skylake-SP, Zen 3 has none
+    assert build._unsupported("gemm_dpbf16_xla") == "the processor lacks avx512_bf16"  # Skylake-SP, Ice Lake
     assert "avx512f" not in (build._unsupported("gemv_xla") or "")  # the AVX2 kernels ask for no more
 
 

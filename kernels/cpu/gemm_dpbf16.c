@@ -9,8 +9,8 @@
  * W's do not (rows k and k + 1 lie `out` apart), so W is taken in panels of PANEL columns by KC rows and packed as
  * [KC / 2 pairs][PANEL columns][2], rows k and k + 1 interleaved, a zero row after an odd last k. The packed panel
  * (64 KB) stays in L2 while every row tile of a block of up to MC rows of x runs over it. The register tile is MR rows
- * of y by PANEL columns (MR * NV zmm accumulators, NV of W, x's pair broadcast): 6 x 64 measured best on an AMD EPYC
- * beside 12 x 32 (gemm.c's), 4 x 64 and 5 x 64; K blocks of 512 beside 128-4096.
+ * of y by PANEL columns (MR * NV zmm accumulators, NV of W, x's pair broadcast): 6 x 64 ran at least as fast as
+ * 12 x 32 (gemm.c's), 4 x 64 and 5 x 64, and K blocks of 512 as 128-4096 (docs/benchmarks.md).
  *
  * Each output is one chain of pair steps in k order: a tile's accumulators start from y's partial sum of the K blocks
  * before (or zero), so neither the blocking nor the thread count changes a result. vdpbf16ps treats subnormal inputs

@@ -6,10 +6,10 @@ jax_impl/linear.py offers it as the form "gemm" beside the single dot for the pr
 rows (a prompt's, a training step's forward), chosen by measurement. x [rows, in] @ W [in, out] (Flax's kernel
 layout), both float32 or both bfloat16, the float32 result returned for the caller to round once. Each dtype has its
 libraries, each built only where the processor has what it is compiled for (kernels.cpu.build.ISA): an AVX-512
-processor without AVX512_BF16 has the float32 one alone. Where bfloat16 has two, AMX's is taken: its tile product
-ran at 1050-1400 GFLOP/s on a 2-core Intel Xeon, above what vdpbf16ps can reach there at all (two cores, 32
-multiply-adds per instruction, at most two a cycle: ~900 GFLOP/s at 3.5 GHz); vdpbf16ps is for processors without
-tiles (AMD Zen 4, Intel Cooper Lake). A custom call inside a jitted program (jax.ffi.ffi_call), differentiable: its
+processor without AVX512_BF16 has the float32 one alone. Where bfloat16 has two, AMX's is taken: one tile
+instruction does 16 x 16 x 32 multiply-adds where vdpbf16ps does 16 x 2, and AMX's kernel was measured above the
+rate vdpbf16ps can reach on those cores at all (docs/benchmarks.md); vdpbf16ps is for processors without tiles (AMD
+Zen 4, Intel Cooper Lake). A custom call inside a jitted program (jax.ffi.ffi_call), differentiable: its
 backward is the two plain products (jax_gemv.backward). CPU only.
 """
 

@@ -9,7 +9,8 @@ request in the caller before any process starts, then load a shard per rank with
 `from_pretrained(..., group=...)` and call the ordinary forward / `generate` / training; `launched_groups()`
 gives a worker its (tp, ep) groups. JAX needs no launcher: one process drives every device. Under torchrun,
 call `from_pretrained(path, group=dist.group.WORLD)` (with expert parallelism: `group=..., ep_group=...` from
-`expert_parallel.parallel_groups(tp, ep)`) and `generate` / `train_step` in each process instead.
+`expert_parallel.parallel_groups(tp, ep)`) and `generate` / `train_step` in each process instead, having imported
+torch.distributed.nn.functional before init_process_group (`_worker` says why).
 """
 
 from __future__ import annotations
@@ -118,6 +119,13 @@ def _worker(
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # ranks share the cores
     elif backend == "nccl":
         torch.cuda.set_device(rank)
+    # torch.distributed.nn.functional takes `group=group.WORLD` as a default argument of ten functions, evaluated at
+    # its import: imported after the group exists (the first torch.optim optimizer imports it, through
+    # torch._dynamo), those defaults hold the group past destroy_process_group, and its gloo threads (gloo_tcp_loop,
+    # pt_gloo_runloop) live on into the interpreter's exit, where they abort the rank under load (SIGABRT,
+    # "terminate called without an active exception"). Imported first, the defaults are None.
+    from torch.distributed.nn import functional  # noqa: F401
+
     kwargs = {} if timeout is None else {"timeout": timeout}
     dist.init_process_group(backend, init_method=f"file://{workdir}/store", rank=rank, world_size=world, **kwargs)
     try:

@@ -5,6 +5,9 @@ entry point a CLI calls. Sharded against unsharded results: tests/torch_impl/tes
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -16,6 +19,7 @@ from spec.checkpoint import allow_nonfinite_weights, nonfinite_weights_allowed
 from spec.parallel import check_tp_degree
 from tests.greedy import assert_same_greedy
 from tests.torch_impl.tp_rank_checks import IDS, PROMPTS
+from torch_impl import tp_launch
 from torch_impl.tp_launch import launch_generate, launch_logits, run_tp
 
 
@@ -64,3 +68,28 @@ def test_launcher_entry_points(default_dir):
     ref = torch_impl.generate(torch_impl.from_pretrained(default_dir), PROMPTS, 4, eos_token_ids=(), return_logits=True)
     sharded = launch_generate(default_dir, PROMPTS, 4, 2, eos_token_ids=()).tokens
     assert_same_greedy({"unsharded": ref.tokens, "tp=2": sharded}, ref.logits)  # the sharded sums' order differs
+
+
+def _step_an_optimizer() -> None:
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.AdamW([weight])  # its first construction imports torch._dynamo, and with it
+    weight.sum().backward()  # torch.distributed.nn.functional, whose defaults take the group living then
+    optimizer.step()
+
+
+def _worker_then_threads(rank: int, workdir: str) -> None:
+    """A run_tp rank (tp_launch._worker, stepping an optimizer) that afterwards writes its threads' names."""
+    tp_launch._worker(rank, _step_an_optimizer, (2, 1), "gloo", workdir, None, False, ())
+    names = sorted(path.read_text().strip() for path in Path("/proc/self/task").glob("*/comm"))
+    (Path(workdir) / f"threads{rank}.txt").write_text("\n".join(names))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from Linux's /proc")
+def test_no_gloo_thread_outlives_a_rank_that_trained():
+    """A group that outlives destroy_process_group keeps gloo's threads running into the interpreter's exit, where
+    they abort the rank now and then (SIGABRT); an optimizer made in a rank used to keep it (tp_launch._worker)."""
+    with tempfile.TemporaryDirectory() as workdir:
+        torch.multiprocessing.spawn(_worker_then_threads, args=(workdir,), nprocs=2, join=True)
+        for rank in range(2):
+            names = (Path(workdir) / f"threads{rank}.txt").read_text().split()
+            assert names and not [name for name in names if "gloo" in name], (rank, names)

@@ -3,8 +3,8 @@
 
 One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat16`) with bfloat16 weights:
 - prefill tokens/s for a 128-token prompt and decode tokens/s for 64 new tokens, per backend (medians of
-  `--repeats` runs; the three backends load in their own processes, then run in turn, run after run, each backend's
-  variants below in its own process);
+  `--repeats` runs; the three backends load in their own processes (benchmarks/decode_backend.py), then run in turn,
+  run after run, each backend's variants below in its own process);
 - the machine's read bandwidth (a large float32 matrix-vector product, read before and after the backends and
   right before and after each run) and matmul FLOP/s, each in a process of its own (benchmarks/bandwidth.py);
 - each backend's ratio to transformers, and decode's fraction of the weight-streaming limit
@@ -26,15 +26,10 @@ One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat1
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-
-import numpy as np
 
 if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
     sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -42,66 +37,13 @@ if __package__ in (None, ""):  # run as a file: its own folder would shadow the 
 import spec  # noqa: E402
 from benchmarks import machine as machine_info  # noqa: E402
 from benchmarks.bandwidth import Probe, in_subprocess  # noqa: E402
+from benchmarks.decode_backend import JAX_PER_OPERATOR, PER_OPERATOR, REFERENCE_OPS, VARIANTS  # noqa: E402
 from benchmarks.qwen3_shape import SHAPES, active_parameters, shaped_checkpoint  # noqa: E402
 from benchmarks.worker import Worker  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-DECODE_ROWS = 8  # a product key of at most this many rows is a decode step's (batch 1 here: 1 row)
 SUSPECT_PROBE = 0.75  # readings beside the runs all below this share of both fresh processes' readings: not usable
 PROBE_REPEATS = 3  # 1 GiB reads per reader per reading beside a run: ~0.3 s, short beside the run it brackets
-
-
-class TokenClock:
-    """Timestamps of produced tokens: prefill = prompt start to first token, decode = first to last token.
-
-    The same definition for all three backends (ours via `stream`, transformers via its streamer `put`),
-    taken within one run, so compilation or prefill noise cannot leak into the decode rate.
-    """
-
-    def __init__(self):
-        self.start = 0.0
-        self.stamps: list[float] = []
-
-    def reset(self) -> None:
-        self.stamps = []
-        self.start = time.perf_counter()
-
-    def put(self, _value) -> None:  # transformers' streamer API: the prompt first, then each new token
-        self.stamps.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-    def __call__(self, _step, _tokens) -> None:  # decoder-parity's stream API
-        self.stamps.append(time.perf_counter())
-
-
-REFERENCE_OPS = "torch_impl/ref-ops"  # torch_impl with its decode steps' norms, RoPE and attention on the reference
-PER_OPERATOR = "torch_impl/per-op"  # torch_impl with its decode steps' operators called one by one, not in one call
-JAX_PER_OPERATOR = "jax_impl/per-op"  # jax_impl with its decode steps' layers as XLA's operators, not one call each
-
-
-def chosen_paths(name: str) -> dict:
-    """The path each product shape took in this process, the seconds choosing cost (all of it, and what is left
-    without the prompt's many-row shapes: the decode shapes' cost, which issue 13 budgets at 1 s), and the share of
-    the CPUs other processes used meanwhile (None where unknown; our backends only)."""
-    if name == "transformers":
-        return {"paths": {}, "choice_cost_s": 0.0, "choice_decode_cost_s": 0.0, "choice_others_busy": None}
-    paths = __import__(f"{name.split('/')[0]}.linear", fromlist=["PATHS"]).PATHS
-    chosen = paths.chosen()
-    shapes = {" ".join(map(str, key)): choice.path for key, choice in sorted(chosen.items(), key=str)}
-    prompt = sum(choice.cost for key, choice in chosen.items() if key[0] > DECODE_ROWS)  # a key's first item: rows
-    layers = __import__(f"{name.split('/')[0]}.layer_choice", fromlist=["LAYERS"]).LAYERS  # one call or operators
-    for key, choice in layers.chosen().items():
-        timed = ", ".join(f"{path} {seconds * 1e3:.2f} ms" for path, seconds in choice.seconds.items())
-        timed += "".join(f", {path} at least {seconds * 1e3:.2f} ms" for path, seconds in choice.floors.items())
-        shapes[f"layer {key[0]} {key[1]}"] = f"{choice.path} ({timed})"
-    return {
-        "paths": shapes,
-        "choice_cost_s": paths.cost(),
-        "choice_decode_cost_s": paths.cost() - prompt,
-        "choice_others_busy": paths.others_busy(),
-    }
 
 
 def fractions(result: dict) -> str:
@@ -113,117 +55,13 @@ def fractions(result: dict) -> str:
     )
 
 
-VARIANTS = {  # per backend's process: the model loaded once, each variant a way of running it (the first: as shipped)
-    "transformers": ("transformers",),
-    "torch_impl": ("torch_impl", PER_OPERATOR, REFERENCE_OPS),
-    "jax_impl": ("jax_impl", JAX_PER_OPERATOR),
-}
-
-
-def variant_context(name: str):
-    """The context a variant's generations run in: none for a backend as shipped."""
-    if name == REFERENCE_OPS:  # its decode steps' small operators kept on the reference
-        from kernels.cpu import torch_decode_ops
-
-        return torch_decode_ops.reference_only
-    if name == PER_OPERATOR:  # its decode steps' operators called one at a time
-        from kernels.cpu import torch_decode_layer
-
-        return torch_decode_layer.per_operator
-    if name == JAX_PER_OPERATOR:  # its decode steps' layers as XLA's operators
-        from kernels.cpu import jax_decode_layer
-
-        return jax_decode_layer.per_operator
-    return contextlib.nullcontext
-
-
-def load_backend(backend: str, directory: Path, dtype: str, prompt: np.ndarray, new_tokens: int) -> dict:
-    """Load the backend's model once; return, per variant of it (VARIANTS), a function that measures one generation
-    of `new_tokens` tokens.
-
-    Each measured generation follows a short unmeasured one: a kernel that pages out memory left idle for a
-    while (these VMs' does, after about a minute) would otherwise make a memory-mapped model (transformers
-    maps the checkpoint) read its weights back from disk during the measured prefill, after the other
-    backends' turns."""
-    clock = TokenClock()
-    if backend == "transformers":
-        import torch
-        import transformers
-
-        model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).eval()
-        ids = torch.as_tensor(prompt)
-
-        def generation(_context) -> Callable[[int], list[float]]:
-            def run(n: int = new_tokens) -> list[float]:
-                clock.reset()
-                with torch.inference_mode():
-                    model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
-                                   streamer=clock)  # fmt: skip
-                return clock.stamps[1:]  # the streamer's first put is the prompt itself
-
-            return run
-
-    else:
-        module = __import__(backend)
-        model = module.from_pretrained(directory, dtype, progress=True)
-
-        def generation(context) -> Callable[[int], list[float]]:
-            def run(n: int = new_tokens) -> list[float]:
-                clock.reset()
-                with context():
-                    module.generate(model, prompt, n, eos_token_ids=(), stream=clock)
-                return clock.stamps
-
-            return run
-
-    def rates_of(run: Callable[[int], list[float]], name: str) -> Callable[[], dict]:
-        def rates() -> dict:
-            run(2)  # every weight read once, unmeasured
-            stamps = run(new_tokens)
-            assert len(stamps) == new_tokens, (name, len(stamps))
-            return {
-                "prefill": prompt.shape[1] / (stamps[0] - clock.start),
-                "decode": (new_tokens - 1) / (stamps[-1] - stamps[0]),
-            }
-
-        return rates
-
-    return {name: rates_of(generation(variant_context(name)), name) for name in VARIANTS[backend]}
-
-
-def serve(backend: str, args: argparse.Namespace) -> None:
-    """A backend's worker: load, then warm up each of its variants; then one run per "run VARIANT" line on stdin,
-    each answered with one JSON line; "paths" answers with the paths its products took (the variants share them). The
-    coordinator takes the variants of all backends in turn."""
-    directory = shaped_checkpoint(args.model, args.dtype)
-    vocab = spec.ModelSpec.from_pretrained(directory).vocab_size
-    prompt = np.random.default_rng(0).integers(0, vocab, (1, args.prompt_len))
-    cache = args.jax_compilation_cache if backend == "jax_impl" else None
-    entries = use_jax_compilation_cache(cache) if cache else None
-    variants = load_backend(backend, directory, args.dtype, prompt, args.new_tokens)
-    first = {}
-    for name, rates in variants.items():
-        start = time.perf_counter()
-        rates()  # warm-up: compilation, the choice of paths, allocator, caches
-        first[name] = time.perf_counter() - start
-    print(json.dumps({"ready": backend, "first_run_s": first, "compilation_cache_entries": entries}), flush=True)
-    for command in sys.stdin:
-        words = command.split()
-        reply = variants[words[1]]() if words[0] == "run" else chosen_paths(backend)
-        print(json.dumps(reply), flush=True)
-
-
-def use_jax_compilation_cache(directory: Path) -> int:
-    """Turn on JAX's persistent compilation cache at `directory` for this process, every program included (JAX's
-    defaults leave out programs that compile in under a second: the decode steps' products' timing programs are all
-    such); return the entries it held before."""
-    import jax
-
-    directory.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return sum(1 for _ in directory.iterdir())
+def backend_command(args: argparse.Namespace, backend: str) -> list[str]:
+    """The arguments of `python` that start `backend`'s process (benchmarks/decode_backend.py)."""
+    cmd = ["-m", "benchmarks.decode_backend", backend, "--prompt-len", str(args.prompt_len),
+           "--new-tokens", str(args.new_tokens), "--dtype", args.dtype, "--model", args.model]  # fmt: skip
+    if args.jax_compilation_cache:
+        cmd += ["--jax-compilation-cache", str(args.jax_compilation_cache.resolve())]
+    return cmd
 
 
 def interleaved_backends(args: argparse.Namespace) -> dict[str, dict]:
@@ -232,12 +70,7 @@ def interleaved_backends(args: argparse.Namespace) -> dict[str, dict]:
     bandwidth probe's readings beside the runs at 0.5-0.8x of a fresh process's (docs/benchmarks.md). All loaded
     first, then every variant measured in turn, run after run: a drift in the machine's speed (these VMs drift by
     10-20% within minutes) hits every backend alike, so their ratios hold within one run of this script."""
-    cmd = ["-m", "benchmarks.cpu_decode", "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
-           "--dtype", args.dtype, "--model", args.model]  # fmt: skip
-    if args.jax_compilation_cache:
-        cmd += ["--jax-compilation-cache", str(args.jax_compilation_cache.resolve())]
-    cmd.append("--serve")
-    workers = {backend: Worker([*cmd, backend]) for backend in VARIANTS}  # loaded one after another
+    workers = {backend: Worker(backend_command(args, backend)) for backend in VARIANTS}  # loaded one after another
     names = [name for variants in VARIANTS.values() for name in variants]
     owner = {name: backend for backend, variants in VARIANTS.items() for name in variants}
     runs = {name: [] for name in names}
@@ -280,7 +113,7 @@ def interleaved_backends(args: argparse.Namespace) -> dict[str, dict]:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--repeats", type=int, default=5)
@@ -294,17 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         help="JAX's persistent compilation cache for jax_impl (every program, the timing programs of its path choice "
         "included): a later run with the same directory starts from the programs this one compiled",
     )
-    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.jax_compilation_cache and not args.serve:  # refused here, before any worker starts
+    if args.jax_compilation_cache:  # refused here, before any worker starts
         try:
             args.jax_compilation_cache.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             parser.error(f"--jax-compilation-cache {args.jax_compilation_cache}: not a usable directory ({err})")
-    if args.serve:
-        serve(args.serve, args)
-        return 0
-
     directory = shaped_checkpoint(args.model, args.dtype)  # written once, before any timing
     model_spec = spec.ModelSpec.from_pretrained(directory)
     weight_bytes = active_parameters(model_spec) * DTYPE_BYTES[args.dtype]  # what one decoded token reads

@@ -78,18 +78,38 @@ static AVX512 void rows_bf16_fma(const float *x, const uint16_t *w, const float 
     })
 }
 
+/* 32 x (float32 holding bf16 values) as the pairs VDPBF16PS takes: exact */
+#define X_PAIRS(p) _mm512_cvtne2ps_pbh(_mm512_loadu_ps((p) + 16), _mm512_loadu_ps(p))
+/* the four streams' pair steps at k = i, x's pairs XV */
+#define DOT_STEP(XV)                                                         \
+    {                                                                        \
+        const __m512bh xv = (XV);                                            \
+        FETCH4(i);                                                           \
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w0 + i), xv); \
+        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w1 + i), xv); \
+        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w2 + i), xv); \
+        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w3 + i), xv); \
+    }
+
+enum { X_PAIRS_BYTES = 32 << 10 }; /* x's pairs on the stack: a decode row of up to 16384, or 8 rows of 2048 */
+
+/* x converted to pairs once per call where they fit the stack, not once per four rows of W: a line of bf16 weights
+ * then takes 64 bytes of x, as a float32 line does, not 128 (a wide row of x lives in L2, not L1), and the loop
+ * converts nothing; measured faster at every width tried (docs/benchmarks.md). The same pairs either way: the same
+ * bits. */
 static AVX512_BF16 void rows_bf16_dot(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
                                       long out, long part, long parts) {
-    const long vec = in / 32 * 32;
-    GEMV_ROW_RUNS(uint16_t, load1_bf16, __m512, _mm512_setzero_ps(), REDUCE16, for (long i = 0; i < vec; i += 32) {
-        /* exact: x holds bf16 values (checked by the caller) */
-        const __m512bh xv = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xr + i + 16), _mm512_loadu_ps(xr + i));
-        FETCH4(i);
-        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w0 + i), xv);
-        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w1 + i), xv);
-        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w2 + i), xv);
-        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w3 + i), xv);
-    })
+    const long vec = in / 32 * 32, blocks = vec / 32;
+    if (m * blocks > X_PAIRS_BYTES / 64) { /* converted as they are read */
+        GEMV_ROW_RUNS(uint16_t, load1_bf16, __m512, _mm512_setzero_ps(), REDUCE16,
+                      for (long i = 0; i < vec; i += 32) DOT_STEP(X_PAIRS(xr + i)))
+        return;
+    }
+    __m512bh pairs[X_PAIRS_BYTES / 64];
+    for (long r = 0; r < m; r++)
+        for (long i = 0; i < vec; i += 32) pairs[r * blocks + i / 32] = X_PAIRS(x + r * in + i);
+    GEMV_ROW_RUNS(uint16_t, load1_bf16, __m512, _mm512_setzero_ps(), REDUCE16,
+                  for (long i = 0; i < vec; i += 32) DOT_STEP(pairs[r * blocks + i / 32]))
 }
 
 /* Whether every x is a bfloat16 value that VDPBF16PS takes as it is: the low 16 bits zero, and not subnormal. */

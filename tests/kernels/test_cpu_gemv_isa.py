@@ -122,6 +122,19 @@ def test_rows_bf16_dot_instruction_is_the_fused_loop_bit_for_bit(lib):
         assert rel(product(lib, x, w, "rows", 2), want) <= MAX_REL  # the float32 x taken as it is, not rounded
 
 
+@pytest.mark.parametrize(("m", "in_"), [(1, 4160), (1, 16416), (8, 2048), (8, 4160)])
+def test_rows_bf16_dot_with_x_converted_once_or_as_read(lib, m, in_):
+    """x's pairs are made once per call where they fit gemv_avx512.c's stack buffer (32 KB: m x in / 32 blocks of 64
+    bytes; here 130, 513 past the buffer, 512 at its edge and 1040 past it) and as the loop reads them otherwise:
+    the same pairs, so both are the level-1 loop's bits, and each independent of the cut."""
+    _level(lib, 2)
+    x, w = operands(m, in_, 37, "rows", True)
+    got = product(lib, x, w, "rows", 2)
+    assert np.array_equal(got, product(lib, x, w, "rows", 1))
+    assert np.array_equal(product(lib, x, w, "rows", 2, parts=3), got)
+    assert rel(got, gemv_reference(x, w, None, "rows")) <= MAX_REL
+
+
 def test_a_level_above_the_processors_runs_the_processors(lib):
     x, w = operands(2, 300, 1061, "rows", True)
     top = lib.gemv_isa()

@@ -122,8 +122,8 @@ def _worker(
     # torch.distributed.nn.functional takes `group=group.WORLD` as a default argument of ten functions, evaluated at
     # its import: imported after the group exists (the first torch.optim optimizer imports it, through
     # torch._dynamo), those defaults hold the group past destroy_process_group, and its gloo threads (gloo_tcp_loop,
-    # pt_gloo_runloop) live on into the interpreter's exit: the teardown that aborted a rank now and then in CI
-    # (SIGABRT, "terminate called without an active exception"). Imported first, the defaults are None.
+    # pt_gloo_runloop) live on into the interpreter's exit, the likely cause of the rank that aborted now and then in
+    # CI (SIGABRT, "terminate called without an active exception"). Imported first, the defaults are None.
     from torch.distributed.nn import functional  # noqa: F401
 
     kwargs = {} if timeout is None else {"timeout": timeout}

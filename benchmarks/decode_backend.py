@@ -21,11 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a file: its own folder would shadow the `kernels` package
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import spec  # noqa: E402
-from benchmarks.qwen3_shape import SHAPES, shaped_checkpoint  # noqa: E402
+import spec
+from benchmarks.qwen3_shape import SHAPES, shaped_checkpoint
 
 DECODE_ROWS = 8  # a product key of at most this many rows is a decode step's (batch 1 here: 1 row)
 
@@ -202,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("backend", choices=tuple(VARIANTS))
     parser.add_argument("--prompt-len", type=int, required=True)
     parser.add_argument("--new-tokens", type=int, required=True)
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), required=True)
+    parser.add_argument("--dtype", required=True)  # one of cpu_decode.py's DTYPE_BYTES: the coordinator checked it
     parser.add_argument("--model", choices=tuple(SHAPES), required=True)
     parser.add_argument("--jax-compilation-cache", type=Path)
     return parser

@@ -170,7 +170,7 @@ class DecoderLayer(nn.Module):
     def prepared_step(self, hidden: torch.Tensor, cache: KVCache) -> torch_decode_layer.LayerCall | None:
         """This layer's decode step of `hidden` as the LayerCall an earlier step laid out, where the rule takes the
         step and that call still stands for the layer's weights and cache; None otherwise (the layer's own forward
-        then runs it). Model runs a stack of such calls at once (torch_decode_layer.LayerStack), which would skip this
+        then runs it). Model runs a stack of such calls at once (torch_decode_stack.LayerStack), which would skip this
         layer's own nn.Module call too: a layer with a forward hook of its own runs its forward."""
         call = self._one_call_prepared
         if call is None or not call.laid_out or cache.length >= cache.max_len:  # a full cache: forward refuses it

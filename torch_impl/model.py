@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kernels import resolve_kernels
-from kernels.cpu import torch_decode_layer
+from kernels.cpu import torch_decode_stack
 from spec import ModelSpec, check_attention_mask, check_positions, check_token_ids
 from spec.families import FULL, SLIDING
 from torch_impl.decoder_layer import DecoderLayer, decoder_layer
@@ -115,7 +115,7 @@ class Model(nn.Module):
         )
         self.norm = make_norm(spec, h, kernels=kernels)
         self.rotary_emb = RotaryEmbedding(spec)
-        self._stack: torch_decode_layer.LayerStack | None = None  # the last decode step's, kept while it holds
+        self._stack: torch_decode_stack.LayerStack | None = None  # the last decode step's, kept while it holds
         if SLIDING in spec.rope_kinds:  # sliding layers' own frequencies (Gemma 3's local base)
             self.rotary_emb_local = RotaryEmbedding(spec, SLIDING)
 
@@ -159,7 +159,7 @@ class Model(nn.Module):
             trace["final_norm"] = hidden
         return hidden
 
-    def _decode_stack(self, hidden: torch.Tensor, cache: KVCache | None) -> torch_decode_layer.LayerStack | None:
+    def _decode_stack(self, hidden: torch.Tensor, cache: KVCache | None) -> torch_decode_stack.LayerStack | None:
         """The layers' decode steps as one LayerStack, where every layer has a call prepared at an earlier step that
         still stands (DecoderLayer.prepared_step); None otherwise: the layers run one by one (and prepare)."""
         if cache is None:
@@ -171,7 +171,7 @@ class Model(nn.Module):
                 return None
             calls.append(call)
         if self._stack is None or not self._stack.holds(calls):
-            self._stack = torch_decode_layer.LayerStack(calls)
+            self._stack = torch_decode_stack.LayerStack(calls)
         return self._stack
 
 

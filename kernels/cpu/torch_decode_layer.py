@@ -6,7 +6,7 @@ kernels/cpu/torch_decode_ops.py's calls: the same functions in the same order, s
 layer's, bit for bit (the tests hold it to that), at one call instead of ~30. Operands are checked here, so a
 direct caller gets an error naming the tensor; the layer passes its own parameters and cache. Called through ctypes
 on the tensors' memory; the layer's OpenMP region is torch's own team (the library is loaded after torch, as
-torch_gemv.py's is).
+torch_gemv.py's is). Consecutive layers' prepared calls run in one call too: kernels/cpu/torch_decode_stack.py.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def enabled() -> bool:
     return not _OFF.get() and available()
 
 
-class _DecodeLayer(ctypes.Structure):
+class LayerStruct(ctypes.Structure):
     """decode_layer.h's DecodeLayer, field for field."""
 
     _fields_ = [
@@ -59,17 +59,10 @@ class _DecodeLayer(ctypes.Structure):
 
 @functools.cache
 def _functions() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
-    argtypes = [ctypes.POINTER(_DecodeLayer)]
+    argtypes = [ctypes.POINTER(LayerStruct)]
     return build.functions(
         "decode_layer", {torch.float32: ("decode_layer_f32", argtypes), torch.bfloat16: ("decode_layer_bf16", argtypes)}
     )
-
-
-@functools.cache
-def _stack_functions() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
-    argtypes = [ctypes.POINTER(_DecodeLayer), _L]
-    names = {torch.float32: ("decode_layers_f32", argtypes), torch.bfloat16: ("decode_layers_bf16", argtypes)}
-    return build.functions("decode_layer", names)
 
 
 def available() -> bool:
@@ -77,7 +70,7 @@ def available() -> bool:
     return _functions() is not None
 
 
-def _refuse(problem: str) -> ValueError:
+def refuse(problem: str) -> ValueError:
     return ValueError(f"kernels.cpu decode_layer: {problem}")
 
 
@@ -85,12 +78,12 @@ def _check(x, residual, w: LayerWeights, cos, sin, k_cache, v_cache, pos, mask, 
     """Every operand's dtype, device and shape against x [B, 1, H] and the cache's [B, n_kv, S, d] keys."""
     dtype, (b, t, hidden) = x.dtype, x.shape
     if dtype not in (torch.float32, torch.bfloat16) or t != 1 or not x.is_cpu:
-        raise _refuse(f"x must be [B, 1, H] float32 or bfloat16 on the CPU; got {tuple(x.shape)} {dtype} {x.device}")
+        raise refuse(f"x must be [B, 1, H] float32 or bfloat16 on the CPU; got {tuple(x.shape)} {dtype} {x.device}")
     if k_cache.dim() != 4 or k_cache.shape[0] != b:
-        raise _refuse(f"k_cache must be [{b}, n_kv, S, d]; got {tuple(k_cache.shape)}")
+        raise refuse(f"k_cache must be [{b}, n_kv, S, d]; got {tuple(k_cache.shape)}")
     _, kv_heads, slots, d = k_cache.shape
     if not 0 <= pos < slots:
-        raise _refuse(f"slot {pos} of {slots}: the slot written must be 0 <= slot < S")
+        raise refuse(f"slot {pos} of {slots}: the slot written must be 0 <= slot < S")
     kinds = {"act": dtype, "float32": torch.float32, "bool": torch.bool}
     operands = decode_layer_operands.expected(  # a decode step checks all 22, so one flat pass
         residual, w, cos, sin, k_cache, v_cache, mask, rows=b, hidden=hidden, heads=heads, mask_keys=pos + 1,
@@ -100,14 +93,14 @@ def _check(x, residual, w: LayerWeights, cos, sin, k_cache, v_cache, pos, mask, 
         operands, kinds, lambda t, shape, kind: t.shape == shape and t.dtype is kind and t.is_cpu, " on the CPU"
     )
     if problem is not None:
-        raise _refuse(problem)
+        raise refuse(problem)
     problem = decode_layer_operands.structure_problem(w, heads, tuple(k_cache.shape), cos.shape[-1])
     if problem is not None:
-        raise _refuse(problem)
+        raise refuse(problem)
     if k_cache.stride() != (kv_heads * slots * d, slots * d, d, 1) or v_cache.stride() != (
         kv_heads * d * slots, d * slots, slots, 1,
     ):  # fmt: skip
-        raise _refuse("k_cache and v_cache must be contiguous (the KV cache's own layer tensors)")
+        raise refuse("k_cache and v_cache must be contiguous (the KV cache's own layer tensors)")
 
 
 def _fingerprint(tensors) -> tuple:
@@ -138,7 +131,7 @@ class LayerCall:
         operands = (*vars(weights).values(), k_cache, v_cache)
         self._refs, self._fingerprint = tuple(_weak(t) for t in operands), _fingerprint(operands)
         self._biases = {name: t for name in decode_layer_operands.BIASES if (t := getattr(weights, name)) is not None}
-        self._layer: _DecodeLayer | None = None  # laid out at the first step, once every operand is checked
+        self._layer: LayerStruct | None = None  # laid out at the first step, once every operand is checked
         self._step_shapes: tuple = ()
         self._copied = False
 
@@ -172,16 +165,26 @@ class LayerCall:
         if self._layer is None:
             self._first_step(x, residual, cos, sin, pos, mask)
         else:
-            self._check_step(x, residual, cos, sin, pos, mask)
+            self.check_step(x, residual, cos, sin, pos, mask)
         x, cos, sin, mask = x.contiguous(), cos.contiguous(), sin.contiguous(), mask.contiguous()
         residual = None if residual is None else residual.contiguous()
         out, residual_out = torch.empty_like(x), torch.empty_like(x)
         layer = self._layer
-        _set_step(layer, x, residual, cos, sin, pos, mask)
+        set_step(layer, x, residual, cos, sin, pos, mask)
         layer.out, layer.residual_out = out.data_ptr(), residual_out.data_ptr()
         biases = self.widen_biases(layer)  # noqa: F841  (bound until the call)
         self._function(ctypes.byref(layer))
         return out, residual_out
+
+    @property
+    def struct(self) -> LayerStruct | None:
+        """The kernel's struct for this layer, laid out at the first step (None before it): a LayerStack copies it."""
+        return self._layer
+
+    @property
+    def step_shapes(self) -> tuple:
+        """What the first step fixed: (dtype, x's shape, cos's shape, the cache's slots); () before it."""
+        return self._step_shapes
 
     @property
     def laid_out(self) -> bool:
@@ -199,7 +202,7 @@ class LayerCall:
         """Whether the first step copied a weight to make it contiguous: such a call stands for nothing after it."""
         return self._copied
 
-    def widen_biases(self, layer: _DecodeLayer) -> list[torch.Tensor]:
+    def widen_biases(self, layer: LayerStruct) -> list[torch.Tensor]:
         """The biases widened to float32 and set on `layer`; the caller keeps the returned tensors until the call
         (their memory is the kernel's operand)."""
         widened = []
@@ -213,7 +216,7 @@ class LayerCall:
         _check(x, residual, weights, cos, sin, k, v, pos, mask, self.heads)
         functions = _functions()
         if functions is None:
-            raise _refuse(f"the kernel is not built here: {build.unavailable('decode_layer')}")
+            raise refuse(f"the kernel is not built here: {build.unavailable('decode_layer')}")
         self._function = functions[x.dtype]
         b, _, hidden = x.shape
         _, kv_heads, slots, d = k.shape
@@ -223,7 +226,7 @@ class LayerCall:
             if t is not None and name not in decode_layer_operands.BIASES
         }  # fmt: skip
         self._copied = any(t is not getattr(weights, name) for name, t in steady.items())
-        self._layer = _DecodeLayer(
+        self._layer = LayerStruct(
             rows=b, hidden=hidden, heads=self.heads, kv_heads=kv_heads, head_dim=d, rotated=cos.shape[-1],
             inter=weights.wd.shape[1], k_batch=k.stride(0), k_head=k.stride(1), v_batch=v.stride(0),
             v_head=v.stride(1), v_row=v.stride(2), cols=0, k_cache=k.data_ptr(), v_cache=v.data_ptr(),
@@ -231,13 +234,13 @@ class LayerCall:
         )  # fmt: skip
         self._pending = None  # a copy made above is read by this step only: it never stands again
 
-    def _check_step(self, x, residual, cos, sin, pos, mask) -> None:
+    def check_step(self, x, residual, cos, sin, pos, mask) -> None:
         """The first step's checks of what a step changes, against the shapes that step fixed."""
         dtype, hidden_shape, rope_shape, slots = self._step_shapes
         if x.dtype is not dtype or x.shape != hidden_shape or not x.is_cpu:
-            raise _refuse(f"x must be {list(hidden_shape)} {dtype} on the CPU; got {tuple(x.shape)} {x.dtype}")
+            raise refuse(f"x must be {list(hidden_shape)} {dtype} on the CPU; got {tuple(x.shape)} {x.dtype}")
         if not 0 <= pos < slots:
-            raise _refuse(f"slot {pos} of {slots}: the slot written must be 0 <= slot < S")
+            raise refuse(f"slot {pos} of {slots}: the slot written must be 0 <= slot < S")
         operands = [
             ("residual", residual, hidden_shape, "act", True), ("cos", cos, rope_shape, "float32", False),
             ("sin", sin, rope_shape, "float32", False), ("mask", mask, (hidden_shape[0], 1, pos + 1), "bool", False),
@@ -247,55 +250,13 @@ class LayerCall:
             operands, kinds, lambda t, shape, kind: t.shape == shape and t.dtype is kind and t.is_cpu, " on the CPU"
         )
         if problem is not None:
-            raise _refuse(problem)
+            raise refuse(problem)
 
 
-def _set_step(layer: _DecodeLayer, x, residual, cos, sin, pos: int, mask) -> None:
+def set_step(layer: LayerStruct, x, residual, cos, sin, pos: int, mask) -> None:
     layer.pos, layer.mask_row = pos, pos + 1
     layer.x, layer.residual = x.data_ptr(), None if residual is None else residual.data_ptr()
     layer.cos, layer.sin, layer.mask = cos.data_ptr(), sin.data_ptr(), mask.data_ptr()
-
-
-class LayerStack:
-    """Consecutive layers' decode steps in one call (decode_layer.c's decode_layers_NAME): each layer's LayerCall laid
-    out at an earlier step, each layer on the previous one's outputs, the step's operands checked once (for layer 0,
-    against the shapes every call's first step fixed: the same for all, or no stack). A step then crosses from Python
-    into C once, not once a layer; the results are the calls' one by one, bit for bit."""
-
-    def __init__(self, calls: list[LayerCall]):
-        if not calls or not all(c.laid_out and c._step_shapes == calls[0]._step_shapes for c in calls):
-            raise _refuse("a stack takes laid-out calls (a step ran through each) of one dtype, rows and rotary width")
-        self.calls = tuple(calls)
-        self._layers = (_DecodeLayer * len(calls))(*(c._layer for c in calls))  # copies: each step sets its own
-        self._function = _stack_functions()[calls[0]._step_shapes[0]]
-
-    def __deepcopy__(self, memo) -> None:
-        return None  # as LayerCall's: a copied or pickled model makes its own stack
-
-    def __reduce__(self):
-        return type(None), ()
-
-    def holds(self, calls: list[LayerCall]) -> bool:
-        return len(calls) == len(self.calls) and all(a is b for a, b in zip(calls, self.calls, strict=True))
-
-    def __call__(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, 1, H]: layer 0's input (the embedding, no residual yet) -> the last layer's (MLP increment, residual);
-        every layer's keys and values written at slot `pos`."""
-        if not all(call.alive for call in self.calls):
-            raise _refuse("a layer's weights or cache were freed since the stack was made: make it anew")
-        self.calls[0]._check_step(x, None, cos, sin, pos, mask)
-        x, cos, sin, mask = x.contiguous(), cos.contiguous(), sin.contiguous(), mask.contiguous()
-        pairs = [(torch.empty_like(x), torch.empty_like(x)) for _ in range(min(2, len(self.calls)))]
-        _set_step(self._layers[0], x, None, cos, sin, pos, mask)
-        biases = []  # bound until the call
-        for i, (layer, call) in enumerate(zip(self._layers, self.calls, strict=True)):
-            out, residual_out = pairs[i % 2]  # layer i + 1 reads layer i's pair and writes the other
-            layer.out, layer.residual_out = out.data_ptr(), residual_out.data_ptr()
-            biases += call.widen_biases(layer)
-        self._function(self._layers, len(self.calls))
-        return pairs[(len(self.calls) - 1) % 2]
 
 
 def decode_layer(

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torch_impl
-from kernels.cpu import torch_decode_layer, torch_decode_ops
+from kernels.cpu import torch_decode_layer, torch_decode_ops, torch_decode_stack
 from spec import DEFAULT_SPEC, InputError, ModelSpec
 from spec.path_choice import Choice
 from tests.kernels.decode_layer_cases import MASK, PROMPT, SPECS, STEPS, needs_kernels, write
@@ -33,7 +33,7 @@ def load(tmp_path, spec: ModelSpec, dtype: str):
 def count_calls():
     """The number of layers decode_layer.c has run so far in the test: one a call of a layer, n a stack's call of n
     (each dtype's functions wrapped); `stacks()` counts the stack calls alone."""
-    tables = torch_decode_layer._functions(), torch_decode_layer._stack_functions()
+    tables = torch_decode_layer._functions(), torch_decode_stack._stack_functions()
     saved = [dict(table) for table in tables]
     layers, stacks = [0], [0]
 

@@ -1,4 +1,4 @@
-"""A decode step's layers in one call (torch_decode_layer.LayerStack, run by torch_impl's Model) and the prepared
+"""A decode step's layers in one call (torch_decode_stack.LayerStack, run by torch_impl's Model) and the prepared
 per-layer calls it is made of (LayerCall): a weight replaced, reassigned or written between steps is read at the
 next step as the per-operator layer reads it; a finished generation's cache is freed; a full cache is refused as
 cache.update refuses it; a stack whose tensors were freed, or made of calls that never ran, refuses to run; a layer
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import torch_impl
-from kernels.cpu import torch_decode_layer, torch_decode_ops
+from kernels.cpu import torch_decode_layer, torch_decode_ops, torch_decode_stack
 from spec import DEFAULT_SPEC, InputError
 from tests.kernels.decode_layer_cases import MASK, PROMPT, SPECS, STEPS, needs_kernels, write
 from torch_impl import linear
@@ -145,7 +145,7 @@ def test_a_stack_takes_laid_out_calls_only(tmp_path):
     )
     for calls in ([], [call]):
         with pytest.raises(ValueError, match="a stack takes laid-out calls"):
-            torch_decode_layer.LayerStack(calls)
+            torch_decode_stack.LayerStack(calls)
 
 
 @pytest.mark.parametrize("change", ["parameter replaced", "data reassigned", "data restrided"])

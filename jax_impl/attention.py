@@ -133,8 +133,9 @@ class Attention(nnx.Module):
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 3, 1)  # [B, n_kv, T, d], [B, n_kv, d, T]
         q = group_heads(q, n_kv)  # [B, T, n_kv, g, d]
         kernel = cache is not None and not cache.ring[self.layer_idx] and jax_decode_ops.takes(q, k, v)
-        if kernel and t == 1:
-            # A decode step on the CPU: the kernel reads the written slots [0, end) of the buffers in place.
+        if kernel and t == 1 and jax_decode_ops.decoding():
+            # A decode step on the CPU: the kernel reads the written slots [0, end) of the buffers in place. Not a
+            # one-token prompt: its prefill's mask spans the prompt alone, not the buffer's S slots.
             end = cache.length + t
             cache, k, v = cache.update(self.layer_idx, k, v, zeroed=False)  # [B, n_kv, S, d], [B, n_kv, d, S]
             out = jax_decode_ops.attend(q, k, v, mask, self.scale, self.softcap, keys=end)  # [B, T, n_kv, g, d]

@@ -30,8 +30,17 @@ class GenerateTwin:
     def generate(self, model: Any, ids: Any, n: int, **kwargs: Any) -> Any:
         return package(self.backend).generate(model, ids, n, **kwargs)
 
-    def test_cached_logits_equal_recomputed_logits(self, model):
-        prompt = np.array([[5, 9, 200, 17, 33, 101, 7], [1, 2, 3, 4, 5, 6, 7]])
+    @pytest.mark.parametrize(
+        "prompt",
+        [
+            [[5, 9, 200, 17, 33, 101, 7], [1, 2, 3, 4, 5, 6, 7]],
+            [[5]],  # a one-token prompt: its prefill has a decode step's shapes, but an empty cache
+            [[5], [9]],
+        ],
+        ids=["seven-tokens", "one-token", "two-rows-of-one-token"],
+    )
+    def test_cached_logits_equal_recomputed_logits(self, model, prompt):
+        prompt = np.array(prompt)
         out = self.generate(model, prompt, 12, eos_token_ids=(), return_logits=True)
         full = np.concatenate([prompt, np.array(out.tokens)], axis=1)
         recomputed = run(model, full)  # [B, T + 12, V], no cache

@@ -13,8 +13,9 @@ from parity.__main__ import main
 from parity.cli_generate import TextStream
 
 
-def test_generate_both_backends_agree(default_dir, capsys):
-    code = main(["generate", str(default_dir), "--prompt", "Hi there", "--max-new-tokens", "8", "--backend", "both"])
+@pytest.mark.parametrize("prompt", [["--prompt", "Hi there"], ["--ids", "5"]], ids=["text", "one-token"])
+def test_generate_both_backends_agree(default_dir, capsys, prompt):
+    code = main(["generate", str(default_dir), *prompt, "--max-new-tokens", "8", "--backend", "both"])
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "torch and jax generated identical tokens" in out.out

@@ -29,14 +29,15 @@ from jax_impl.model import SLIDING, CausalLM, attention_masks, default_positions
 from jax_impl.tensor_parallel import sharded_steps
 from jax_impl.vocab_parallel import DATA, gather_logits, greedy_token
 from kernels.cpu import jax_decode_layer, jax_decode_ops
-from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
+from spec.generation import Generation, SamplingParams, check_eos_ids, collect_tokens, prepare_prompts
 
 
 def sample(logits: jax.Array, params: SamplingParams, key: jax.Array) -> jax.Array:
     """logits [B, V] float32 -> token ids [B]: argmax, or temperature / top-k / top-p sampling."""
     if params.greedy:
         return jnp.argmax(logits, axis=-1)  # ties go to the lowest id
-    logits = logits / params.temperature
+    # Shifted to a row maximum of 0 first: a small temperature then sends the others to -inf, never the maximum to inf.
+    logits = (logits - logits.max(axis=-1, keepdims=True)) / params.temperature
     if params.top_k is not None:
         kth = jax.lax.top_k(logits, min(params.top_k, logits.shape[-1]))[0][:, -1:]  # [B, 1]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
@@ -200,12 +201,13 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
-    eos_token_ids: Sequence[int] | None = None,
+    eos_token_ids: int | Sequence[int] | None = None,
     stream: Callable[[int, np.ndarray], None] | None = None,
     return_logits: bool = False,
     mesh: Mesh | None = None,
 ) -> Generation:
-    """Generate up to `max_new_tokens` per row. `eos_token_ids` None = the checkpoint's; () = never stop.
+    """Generate up to `max_new_tokens` per row. `eos_token_ids` None = the checkpoint's; () = never stop; else an
+    id or a sequence of ids in [0, V).
 
     `stream(step, tokens[B])` is called as each token is produced, while the next step already runs (JAX dispatches
     it first, so the host's work of a step overlaps the device's; where every row has ended, that one step is
@@ -216,7 +218,9 @@ def generate(
     if isinstance(input_ids, jax.Array):
         input_ids = np.asarray(input_ids)
     prompts = prepare_prompts(input_ids, model.spec, max_new_tokens, attention_mask)
-    eos = jnp.asarray(model.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids), jnp.int32)
+    eos = jnp.asarray(
+        model.eos_token_ids if eos_token_ids is None else check_eos_ids(eos_token_ids, model.spec), jnp.int32
+    )
     batch, prompt_len = prompts.ids.shape
     dtype = model.model.embed_tokens.weight[...].dtype
     cache = KVCache.create(model.module_spec, batch, prompt_len + max_new_tokens, dtype)

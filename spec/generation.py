@@ -20,6 +20,8 @@ from spec.errors import ConfigError, DecoderParityError, InputError
 from spec.inputs import check_attention_mask, check_left_padded, check_seed, check_token_ids
 from spec.json_fields import is_int, is_number, load_json
 
+MIN_TEMPERATURE = float(np.finfo(np.float32).tiny)  # the smallest positive temperature both backends divide by
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -33,6 +35,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not is_number(self.temperature) or self.temperature < 0:
             raise InputError(f"temperature must be >= 0 (0 = greedy) and finite, got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # XLA flushes a subnormal to 0, and logits / 0 picks garbage
+            raise InputError(
+                f"temperature {self.temperature!r} is below float32's smallest normal number {MIN_TEMPERATURE:.8g}: "
+                "use 0 for greedy decoding"
+            )
         if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
             raise InputError(f"top_k must be a positive integer or None, got {self.top_k!r}")
         if self.top_p is not None and (not is_number(self.top_p) or not 0 < self.top_p <= 1):
@@ -63,7 +70,7 @@ def prepare_prompts(
     """Validate a generation request; ragged lists of ids are left-padded with `pad_id` (masked out)."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    ragged = isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(r, (list, tuple)) for r in input_ids)
+    ragged = isinstance(input_ids, (list, tuple)) and input_ids and all(_is_row(r) for r in input_ids)
     if ragged and attention_mask is None:
         lengths = [len(r) for r in input_ids]
         if min(lengths) == 0:
@@ -90,6 +97,26 @@ def prepare_prompts(
             f"max_position_embeddings={spec.max_position_embeddings}"
         )
     return Prompts(ids, mask.astype(np.int64), lengths)
+
+
+def _is_row(row: object) -> bool:
+    """One prompt of a ragged batch: a list, tuple or range of ids, or a 1-D array (numpy, torch, JAX)."""
+    return isinstance(row, (list, tuple, range)) or getattr(row, "ndim", None) == 1
+
+
+def check_eos_ids(value: int | Sequence[int], spec: ModelSpec) -> tuple[int, ...]:
+    """A `generate` call's eos_token_ids (one id, as transformers takes it, or a sequence; () = never stop) -> a tuple
+    of ids in [0, vocab_size), or an InputError naming the value: an id the model cannot produce would never stop a
+    row, silently."""
+    values = [value] if is_int(value) or isinstance(value, np.integer) else value
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise InputError(f"eos_token_ids must be a token id or a sequence of them, got {value!r}")
+    for v in values:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise InputError(f"eos_token_ids must hold integer token ids, got {v!r} in {value!r}")
+        if not 0 <= v < spec.vocab_size:
+            raise InputError(f"eos_token_ids: {int(v)} is outside the vocabulary [0, {spec.vocab_size})")
+    return tuple(int(v) for v in values)
 
 
 def eos_token_ids(directory: str | Path) -> tuple[int, ...]:

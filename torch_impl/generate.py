@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from kernels.cpu import torch_decode_ops
-from spec.generation import Generation, SamplingParams, collect_tokens, prepare_prompts
+from spec.generation import Generation, SamplingParams, check_eos_ids, collect_tokens, prepare_prompts
 from torch_impl import linear
 from torch_impl.kv_cache import KVCache
 from torch_impl.model import CausalLM
@@ -32,7 +32,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """logits [B, V] float32 -> token ids [B]: argmax, or temperature / top-k / top-p sampling."""
     if params.greedy:
         return logits.argmax(-1)  # ties go to the lowest id
-    logits = logits / params.temperature
+    # Shifted to a row maximum of 0 first: a small temperature then sends the others to -inf, never the maximum to inf.
+    logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
     if params.top_k is not None:
         kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -55,11 +56,12 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
-    eos_token_ids: Sequence[int] | None = None,
+    eos_token_ids: int | Sequence[int] | None = None,
     stream: Callable[[int, np.ndarray], None] | None = None,
     return_logits: bool = False,
 ) -> Generation:
-    """Generate up to `max_new_tokens` per row. `eos_token_ids` None = the checkpoint's; () = never stop.
+    """Generate up to `max_new_tokens` per row. `eos_token_ids` None = the checkpoint's; () = never stop; else an
+    id or a sequence of ids in [0, V).
 
     `stream(step, tokens[B])` is called as each token is produced.
     """
@@ -83,7 +85,7 @@ def generate(
             dist.broadcast(token, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         return token
 
-    eos = tuple(model.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    eos = model.eos_token_ids if eos_token_ids is None else check_eos_ids(eos_token_ids, model.spec)
     with linear.resident_weights(model.parameters()):  # a product's first call may time its paths over them
         gen = decode_loop(model, input_ids, max_new_tokens, attention_mask, eos, pick, stream)
     return dataclasses.replace(gen, logits=logits_seen) if return_logits else gen

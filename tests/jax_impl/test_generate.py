@@ -1,5 +1,6 @@
-"""jax_impl.generate: the generation behaviour both twins share (tests/twins/generate.py), then what only
-JAX has to prove: a decode step compiles once, and runs on the device the model is on."""
+"""jax_impl.generate: the generation behaviour both twins share (tests/twins/generate.py), its sampler at the smallest
+temperature allowed, then what only JAX has to prove: a decode step compiles once, and runs on the device the model is
+on."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
 import jax_impl
+from spec.generation import MIN_TEMPERATURE, SamplingParams
 from tests.twins.generate import GenerateTwin
 
 generate_module = importlib.import_module("jax_impl.generate")  # the module, not the function the package exports
@@ -22,6 +25,13 @@ LOWERING = "jaxpr_to_mlir_module_duration"
 
 class TestGenerateTwin(GenerateTwin):
     backend = "jax"
+
+
+def test_the_smallest_temperature_samples_each_rows_maximum():
+    """30 / MIN_TEMPERATURE overflows float32: unshifted, two logits of a row become inf: the first one wins."""
+    logits = jnp.array([[29.0, 1.0, 30.0], [39.5, -5.0, 40.0]])
+    tokens = generate_module.sample(logits, SamplingParams(temperature=MIN_TEMPERATURE), jax.random.key(0))
+    assert tokens.tolist() == [2, 2]  # unshifted, the first inf would win a tie
 
 
 def test_decode_step_compiles_once(default_dir):

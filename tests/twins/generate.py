@@ -67,6 +67,21 @@ class GenerateTwin:
         tokens = self.generate(model, [[3, 4, 5]], 8, temperature=1e6, seed=3, eos_token_ids=()).tokens[0]
         assert len(set(tokens)) > 4, tokens
 
+    def test_one_eos_id_as_an_int_or_a_numpy_integer(self, model):
+        free = self.generate(model, [[5, 9, 200]], 20, eos_token_ids=()).tokens[0]
+        stop = free[5]
+        cut = free[: free.index(stop) + 1]
+        assert self.generate(model, [[5, 9, 200]], 20, eos_token_ids=stop).tokens[0] == cut  # as transformers takes it
+        assert self.generate(model, [[5, 9, 200]], 20, eos_token_ids=np.array([stop])).tokens[0] == cut
+
+    def test_ragged_rows_as_arrays_or_ranges_are_padded_like_lists(self, model):
+        lists = self.generate(model, [[5, 9, 200], [7]], 6, eos_token_ids=()).tokens
+        assert self.generate(model, [np.array([5, 9, 200]), np.array([7])], 6, eos_token_ids=()).tokens == lists
+        assert (
+            self.generate(model, (range(5, 8), range(7, 8)), 6, eos_token_ids=()).tokens
+            == self.generate(model, [[5, 6, 7], [7]], 6, eos_token_ids=()).tokens
+        )
+
     def test_top_k_one_is_greedy(self, model):
         greedy = self.generate(model, [[3, 4, 5]], 8, eos_token_ids=()).tokens
         assert self.generate(model, [[3, 4, 5]], 8, temperature=1.5, top_k=1, eos_token_ids=()).tokens == greedy
@@ -88,6 +103,12 @@ class GenerateTwin:
             (dict(temperature=-1.0), "temperature must be >= 0"),
             (dict(ids=[[]]), "prompt 0 is empty"),
             (dict(ids=[[1, 2, 999]]), "is outside the vocabulary"),
+            (dict(temperature=1e-45), "below float32's smallest normal number"),
+            (dict(eos_token_ids=(1.5,)), "must hold integer token ids, got 1.5"),
+            (dict(eos_token_ids=(-1,)), "eos_token_ids: -1 is outside the vocabulary [0, 263)"),
+            (dict(eos_token_ids=263), "eos_token_ids: 263 is outside the vocabulary [0, 263)"),
+            (dict(eos_token_ids=(2**40,)), f"eos_token_ids: {2**40} is outside the vocabulary"),
+            (dict(eos_token_ids="7"), "must be a token id or a sequence of them"),
         ],
     )
     def test_bad_requests(self, model, kwargs, needle):

@@ -22,6 +22,7 @@ from jax_impl.optimizer import make_optimizer, runtime_key, sum_replicated_block
 from jax_impl.tensor_parallel import on_mesh
 from jax_impl.vocab_parallel import vocab_parallel_cross_entropy
 from spec import InputError, check_token_ids
+from spec.inputs import check_attention_mask
 from spec.parallel import split_axis
 from spec.params import LINEAR, runtime_groups
 from spec.training import IGNORE_INDEX, AdamW, check_labels, gather_checkpoint_grads
@@ -84,9 +85,7 @@ def _value_and_grad(graphdef, params, rest, ids, key_valid, labels):
 def _batch(model: CausalLM, input_ids, labels, attention_mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ids = check_token_ids(input_ids, model.spec)
     counted = check_labels(labels, ids, model.spec, attention_mask)
-    key_valid = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
-    if key_valid.shape != ids.shape:
-        raise InputError(f"attention_mask has shape {list(key_valid.shape)}, expected {list(ids.shape)}")
+    key_valid = np.ones(ids.shape, bool) if attention_mask is None else check_attention_mask(attention_mask, *ids.shape)
     return ids.astype(np.int32), key_valid, counted.astype(np.int32)
 
 

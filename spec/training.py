@@ -25,6 +25,7 @@ import numpy as np
 
 from spec.config import ModelSpec
 from spec.errors import InputError
+from spec.inputs import check_attention_mask, check_token_ids
 from spec.parallel import ShardLayout, gather_shards, shard_of
 from spec.params import EMBEDDING, LINEAR, param_table, runtime_groups
 
@@ -91,10 +92,15 @@ def check_labels(
 ) -> np.ndarray:
     """The labels the loss counts, int64 [B, T]: the ids by default, -100 where not counted (padding too).
 
-    Refuses a wrong shape, a label outside [0, V) other than -100, and a batch in which no token is counted
-    (after the shift), naming the value.
+    Checks the ids and the mask first (spec/inputs.py), then refuses rows too short to predict a next token, a wrong
+    shape, a label outside [0, V) other than -100, and a batch in which no token is counted (after the shift), naming
+    the value.
     """
-    ids = np.asarray(ids)
+    ids = check_token_ids(ids, spec)
+    if attention_mask is not None:
+        attention_mask = check_attention_mask(attention_mask, *ids.shape)
+    if ids.shape[1] < 2:
+        raise InputError(f"a next-token loss needs at least 2 tokens per row, got input_ids of shape {list(ids.shape)}")
     if labels is None:
         labels = ids
     labels = np.asarray(labels)
@@ -111,7 +117,7 @@ def check_labels(
             f"and is not {IGNORE_INDEX}"
         )
     if attention_mask is not None:  # a padded position is neither predicted nor predicts (its state is not a token's)
-        real = np.asarray(attention_mask).astype(bool)
+        real = attention_mask
         labels = np.where(real, labels, IGNORE_INDEX)
         labels[:, 1:] = np.where(real[:, :-1], labels[:, 1:], IGNORE_INDEX)
     if not (labels[:, 1:] != IGNORE_INDEX).any():

@@ -100,6 +100,25 @@ class TrainingTwin:
         losses = [self.training.train_step(model, optimizer, config, IDS) for _ in range(5)]
         assert losses[-1] < 0.5 * losses[0], losses
 
+    @pytest.mark.parametrize(
+        ("ids", "mask", "needle"),
+        [
+            (IDS, np.where(np.eye(2, 7, dtype=bool), 2, 1), r"attention_mask\[0, 0\] = 2: a mask holds only 0 and 1"),
+            (IDS, np.full(IDS.shape, 0.5), "attention_mask must hold 0/1 .integer or bool., got dtype float64"),
+            (IDS, np.stack([np.ones(7, int), np.zeros(7, int)]), "attention_mask row 1 is all zeros"),
+            (IDS, np.ones((2, 5), int), r"attention_mask has shape \[2, 5\], expected \[2, 7\]"),
+            (IDS, np.ones(7, int), r"attention_mask has shape \[7\], expected \[2, 7\]"),
+            (IDS[0], None, r"input_ids must have shape \[batch, seq_len\], got rank 1"),
+            (IDS.astype(np.float32), None, "input_ids must hold integer token ids, got dtype float32"),
+            (np.where(IDS == 200, 300, IDS), None, r"input_ids\[0, 2\] = 300 is outside the vocabulary \[0, 263\)"),
+            (IDS[:, :1], None, r"a next-token loss needs at least 2 tokens per row, got input_ids of shape \[2, 1\]"),
+        ],
+        ids=["mask-2", "mask-float", "mask-empty-row", "mask-shape", "mask-1d", "ids-1d", "ids-float", "id-300", "one"],
+    )
+    def test_bad_ids_and_masks_are_refused_before_the_labels(self, model, ids, mask, needle):
+        with pytest.raises(InputError, match=needle):
+            self.training.loss_and_grads(model, ids, attention_mask=mask)
+
     def test_bad_labels_are_refused(self, model):
         with pytest.raises(InputError, match=r"labels have shape \[2, 6\], the ids \[2, 7\]"):
             self.training.loss_and_grads(model, IDS, labels=IDS[:, :6])

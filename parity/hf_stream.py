@@ -9,6 +9,11 @@ a layer is one `XxxDecoderLayer(config, layer_idx)` given its checkpoint tensors
 for the config, eager attention as in parity/hf_reference.py. The embedding and the head are the torch
 modules transformers' models use (`nn.Embedding`, `nn.Linear`), the head's table read in blocks of rows.
 
+Each layer gets the mask transformers' own model would give it (`MASK_RULES`: causal, or a sliding window by the
+config's layer types or for every layer where the config sets one). Only the families whose model is embed, layers,
+final norm and head with those classes are streamed; another (Gemma's scaled embedding and logit softcap, Gemma 3's
+local rotary base, GPT-NeoX's own class names) is refused with the alternatives, never run half-faithfully.
+
 Its trace holds what a whole transformers model exposes (parity/components.py: `hf_components`) and x2 of
 the last layer too; a `Boundary` is the hidden state x itself, which is what its layers pass on.
 """
@@ -27,6 +32,18 @@ import numpy as np
 from parity.hf_reference import _quiet_transformers, hf_available
 from spec import Checkpoint, InputError, ModelSpec, check_token_ids, param_table
 from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_prefix, module_param
+
+# How transformers' own model (`XxxModel.forward`) picks each layer's mask, per family streamed here: by the config's
+# `layer_types`, by whether the config sets a `sliding_window` (every layer alike), or always the causal mask. The MoE
+# families are not streamed at all yet (parity/api.py refuses them first).
+MASK_RULES = {
+    "qwen3": "layer_types",
+    "qwen2": "layer_types",
+    "mistral": "sliding_window",
+    "llama": "causal",
+    "olmo2": "causal",
+}
+FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the two kinds
 
 
 class HFLayerwise:
@@ -52,6 +69,13 @@ class HFLayerwise:
             except (OSError, ValueError, KeyError) as err:
                 raise InputError(f"transformers cannot read the config of {self.directory}: {err}") from err
         self.config._attn_implementation = "eager"  # transformers' plain reference attention (hf_reference.py)
+        if self.config.model_type not in MASK_RULES:
+            raise InputError(
+                f"the streamed transformers reference (--stream with --reference hf) covers {', '.join(MASK_RULES)}; "
+                f"{self.config.model_type}'s model does more around its layers than it builds: run --reference hf "
+                "on the whole model (without --stream), or --stream without --reference hf"
+            )
+        self.mask_rule = MASK_RULES[self.config.model_type]
         family = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[self.config.model_type].removesuffix("ForCausalLM")  # "Qwen3"
         modeling = importlib.import_module(
             f"transformers.models.{self.config.model_type}.modeling_{self.config.model_type}"
@@ -59,7 +83,7 @@ class HFLayerwise:
         self.layer_class = getattr(modeling, f"{family}DecoderLayer")
         self.norm_class = getattr(modeling, f"{family}RMSNorm")
         self.rotary = getattr(modeling, f"{family}RotaryEmbedding")(config=self.config)
-        self._rope: tuple | None = None  # (position embeddings, mask, position ids) of the batch
+        self._rope: tuple | None = None  # (position embeddings, masks by kind, position ids) of the batch
         self.load_s = self.run_s = 0.0
 
     @contextlib.contextmanager
@@ -81,17 +105,31 @@ class HFLayerwise:
             module = make()
         return module.to(self.dtype).to_empty(device="cpu").eval()
 
-    def _mask(self, hidden, position_ids):
-        """transformers' own causal mask for the config (eager), called with the arguments its version names."""
-        from transformers.masking_utils import create_causal_mask
+    def _layer_kind(self, index: int) -> str:
+        """The kind of mask transformers' model gives layer `index` (MASK_RULES)."""
+        if self.mask_rule == "layer_types":
+            return self.config.layer_types[index]
+        if self.mask_rule == "sliding_window" and self.config.sliding_window is not None:
+            return SLIDING
+        return FULL
 
-        names = inspect.signature(create_causal_mask).parameters
+    def _masks(self, hidden, position_ids) -> dict:
+        """{kind: transformers' own mask of that kind for the config (eager)}, for the kinds the layers use."""
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        makers = {FULL: create_causal_mask, SLIDING: create_sliding_window_causal_mask}
+        kinds = {self._layer_kind(i) for i in range(self.spec.num_hidden_layers)}
+        return {kind: self._mask(makers[kind], hidden, position_ids) for kind in sorted(kinds)}
+
+    def _mask(self, create, hidden, position_ids):
+        """One of transformers' mask functions for the config, called with the arguments its version names."""
+        names = inspect.signature(create).parameters
         kwargs = {"config": self.config, "attention_mask": None, "position_ids": position_ids}
         kwargs["inputs_embeds" if "inputs_embeds" in names else "input_embeds"] = hidden
         kwargs["cache" if "cache" in names else "past_key_values"] = None
         if "cache_position" in names:
             kwargs["cache_position"] = self.torch.arange(hidden.shape[1])
-        return create_causal_mask(**kwargs)
+        return create(**kwargs)
 
     def embed(self, ids: np.ndarray, trace: dict | None = None):
         ids = check_token_ids(ids, self.spec)
@@ -105,7 +143,7 @@ class HFLayerwise:
         with self._running():
             hidden = table(torch.as_tensor(inverse))  # [B, T, H]
             position_ids = torch.arange(ids.shape[1])[None]  # [1, T], as the model makes them
-            self._rope = (self.rotary(hidden, position_ids), self._mask(hidden, position_ids), position_ids)
+            self._rope = (self.rotary(hidden, position_ids), self._masks(hidden, position_ids), position_ids)
         if trace is not None:
             trace["embed"] = hidden
         return hidden
@@ -126,7 +164,8 @@ class HFLayerwise:
         layer.load_state_dict(state, strict=True)  # every tensor of the layer, no other
         del checkpoint, state
         self.load_s += time.perf_counter() - start
-        position_embeddings, mask, position_ids = self._rope
+        position_embeddings, masks, position_ids = self._rope
+        mask = masks[self._layer_kind(index)]
         outputs = []
         with self._running():
             for hidden, trace in zip(inputs, traces, strict=True):

@@ -97,6 +97,24 @@ def test_reference_hf_streamed_uses_transformers_layers(hf_checkpoint):
         )
 
 
+@pytest.mark.parametrize("name", ["mistral_window", "llama3_scaled", "olmo2_post"])
+def test_reference_hf_streamed_gives_each_layer_its_models_mask(hf_checkpoint, name):
+    """Mistral's window (7) inside the 8 tokens: every layer's sliding mask, as its whole model gives them; Llama 3's
+    scaled rotary and OLMo 2's post-norm layers streamed alike."""
+    path = hf_checkpoint(name)
+    streamed = parity.check(path, reference="hf", stream=True, **CHECK)
+    assert streamed.passed, streamed.format()
+    assert [c.label for c in streamed.comparisons] == ["torch vs jax", "torch vs hf", "jax vs hf"]
+
+
+@pytest.mark.parametrize("name", ["gemma2_sandwich", "gemma3_local_global", "neox_parallel"])
+def test_reference_hf_streamed_refuses_the_families_it_does_not_build(hf_checkpoint, name):
+    path = hf_checkpoint(name)
+    family = json.loads((path / "config.json").read_text())["model_type"]
+    with pytest.raises(InputError, match=f"{family}'s model does more around its layers than it builds"):
+        parity.check(path, reference="hf", stream=True, **CHECK)
+
+
 # ---- teacher forcing localizes --------------------------------------------------------------------------------
 def _swap_gate_up_in_layer(backend: str, mp: pytest.MonkeyPatch) -> None:
     """gate_up_order_swapped (tests/parity/mutants.py), in layer MUTATED only: its checkpoint gate and up read in

@@ -121,8 +121,9 @@ class WindowCacheTwin:
 
     @pytest.mark.parametrize("name", SLIDING_FAMILIES)
     def test_greedy_matches_transformers_past_the_window(self, name, hf_checkpoint):
-        """One full 9-token prompt, then a left-padded batch (9 and 5 tokens): 24 new tokens each, so the ring
-        wraps several times, and left padding occupies window slots (as in transformers)."""
+        """One full 9-token prompt, then a left-padded batch (9 and 5 tokens), then a one-token prompt (its prefill
+        has a decode step's shape): 24 new tokens each, so the ring wraps several times, and left padding occupies
+        window slots (as in transformers)."""
         directory = hf_checkpoint(name)
         model = load(self.backend, directory)
         rng = np.random.default_rng(11)
@@ -130,6 +131,7 @@ class WindowCacheTwin:
         for prompts in (
             [rng.integers(1, vocab, PROMPT).tolist()],
             [rng.integers(1, vocab, n).tolist() for n in (9, 5)],
+            [rng.integers(1, vocab, 1).tolist()],
         ):
             ids, mask = left_padded(prompts)
             out = package(self.backend).generate(model, prompts, NEW_TOKENS, eos_token_ids=(), return_logits=True)

@@ -223,8 +223,9 @@ def generate(
     )
     batch, prompt_len = prompts.ids.shape
     dtype = model.model.embed_tokens.weight[...].dtype
-    cache = KVCache.create(model.module_spec, batch, prompt_len + max_new_tokens, dtype)
-    key_valid = np.zeros((batch, prompt_len + max_new_tokens), bool)  # [B, S_max]
+    slots = prompt_len + max_new_tokens - 1  # the last new token is never fed back
+    cache = KVCache.create(model.module_spec, batch, slots, dtype)
+    key_valid = np.zeros((batch, slots), bool)  # [B, S_max]
     key_valid[:, :prompt_len] = prompts.mask.astype(bool)
     # One key for the whole generation: each compiled step folds in its cache length, so steps draw afresh without
     # the host slicing a per-step key (a dispatch of its own each step, on the cores the step computes on).

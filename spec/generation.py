@@ -90,11 +90,11 @@ def prepare_prompts(
         mask = check_attention_mask(mask, *ids.shape)
         check_left_padded(mask)
     lengths = tuple(int(n) for n in mask.sum(-1))
-    total = ids.shape[1] + max_new_tokens
+    total = ids.shape[1] + max_new_tokens - 1  # positions the model runs: the last new token is never fed back
     if total > spec.max_position_embeddings:
         raise InputError(
-            f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} exceeds the model's "
-            f"max_position_embeddings={spec.max_position_embeddings}"
+            f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} - 1 = {total} positions exceed the "
+            f"model's max_position_embeddings={spec.max_position_embeddings}"
         )
     return Prompts(ids, mask.astype(np.int64), lengths)
 

@@ -109,8 +109,9 @@ def decode_loop(
     weight = model.model.embed_tokens.weight
     device = weight.device
     batch, prompt_len = prompts.ids.shape
-    cache = KVCache.create(model.module_spec, batch, prompt_len + max_new_tokens, weight.dtype, device)
-    mask = torch.zeros(batch, prompt_len + max_new_tokens, dtype=torch.long, device=device)  # [B, S]
+    slots = prompt_len + max_new_tokens - 1  # the last new token is never fed back
+    cache = KVCache.create(model.module_spec, batch, slots, weight.dtype, device)
+    mask = torch.zeros(batch, slots, dtype=torch.long, device=device)  # [B, S]
     mask[:, :prompt_len] = torch.as_tensor(prompts.mask)
     eos_t = torch.tensor(eos, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)

@@ -35,7 +35,7 @@ def test_generate_streams_ids_without_tokenizer(tmp_path, capsys):
     ("args", "needle"),
     [
         (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1, got 0"),
-        (["--max-new-tokens", "600"], "exceeds the model's max_position_embeddings=512"),
+        (["--max-new-tokens", "600"], "positions exceed the model's max_position_embeddings=512"),
         (["--top-p", "1.5"], "top_p must lie in (0, 1]"),
         (["--top-k", "0"], "argument --top-k: must be >= 1, got 0"),
         (["--temperature", "-1"], "temperature must be >= 0 (0 = greedy) and finite"),

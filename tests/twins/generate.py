@@ -82,6 +82,17 @@ class GenerateTwin:
             == self.generate(model, [[5, 6, 7], [7]], 6, eos_token_ids=()).tokens
         )
 
+    @pytest.mark.parametrize(("prompt_len", "new"), [(512, 1), (511, 2)])
+    def test_generation_may_fill_every_position(self, model, prompt_len, new):
+        """The last new token is never fed back: prompt + new - 1 positions, all of max_position_embeddings (512)."""
+        assert model.spec.max_position_embeddings == 512
+        prompt = np.random.default_rng(2).integers(1, 263, (1, prompt_len))
+        out = self.generate(model, prompt, new, eos_token_ids=(), return_logits=True)
+        full = np.concatenate([prompt, np.array(out.tokens)[:, :-1]], axis=1)  # [1, 512]: every token the model ran
+        recomputed = run(model, full)
+        for step, logits in enumerate(out.logits):
+            assert rel_err(logits, recomputed[:, prompt_len - 1 + step]) <= FP32_REL, step
+
     def test_top_k_one_is_greedy(self, model):
         greedy = self.generate(model, [[3, 4, 5]], 8, eos_token_ids=()).tokens
         assert self.generate(model, [[3, 4, 5]], 8, temperature=1.5, top_k=1, eos_token_ids=()).tokens == greedy
@@ -97,7 +108,8 @@ class GenerateTwin:
         ("kwargs", "needle"),
         [
             (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
-            (dict(max_new_tokens=600), "exceeds the model's max_position_embeddings=512"),
+            (dict(max_new_tokens=600), "3 + max_new_tokens 600 - 1 = 602 positions exceed the model's max_position"),
+            (dict(ids=[[1] * 512], max_new_tokens=2), "= 513 positions exceed the model's max_position_embeddings=512"),
             (dict(top_p=0.0), "top_p must lie in (0, 1], got 0.0"),
             (dict(top_p=1.5), "top_p must lie in (0, 1], got 1.5"),
             (dict(temperature=-1.0), "temperature must be >= 0"),

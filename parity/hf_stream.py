@@ -9,10 +9,13 @@ a layer is one `XxxDecoderLayer(config, layer_idx)` given its checkpoint tensors
 for the config, eager attention as in parity/hf_reference.py. The embedding and the head are the torch
 modules transformers' models use (`nn.Embedding`, `nn.Linear`), the head's table read in blocks of rows.
 
-Each layer gets the mask transformers' own model would give it (`MASK_RULES`: causal, or a sliding window by the
-config's layer types or for every layer where the config sets one). Only the families whose model is embed, layers,
-final norm and head with those classes are streamed; another (Gemma's scaled embedding and logit softcap, Gemma 3's
-local rotary base, GPT-NeoX's own class names) is refused with the alternatives, never run half-faithfully.
+Each layer gets the mask transformers' own model would give it (`FAMILIES`: causal, or a sliding window by the
+config's layer types or for every layer where the config sets one), and what the family's model does around its
+layers is done too: Gemma's embedding through its own scaled-embedding class, Gemma 3's rotary tables per layer type
+from its own rotary module, and the final logit softcap Gemma's causal-LM class applies to the head's output,
+`tanh(logits / cap) * cap` (the one formula of theirs this stream writes out: it is in their `forward`, no module).
+A family the table does not describe (GPT-NeoX: other class names; the MoE families) is refused with the alternatives,
+never run half-faithfully.
 
 Its trace holds what a whole transformers model exposes (parity/components.py: `hf_components`) and x2 of
 the last layer too; a `Boundary` is the hidden state x itself, which is what its layers pass on.
@@ -25,6 +28,7 @@ import importlib
 import inspect
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,15 +37,29 @@ from parity.hf_reference import _quiet_transformers, hf_available
 from spec import Checkpoint, InputError, ModelSpec, check_token_ids, param_table
 from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_prefix, module_param
 
-# How transformers' own model (`XxxModel.forward`) picks each layer's mask, per family streamed here: by the config's
-# `layer_types`, by whether the config sets a `sliding_window` (every layer alike), or always the causal mask. The MoE
-# families are not streamed at all yet (parity/api.py refuses them first).
-MASK_RULES = {
-    "qwen3": "layer_types",
-    "qwen2": "layer_types",
-    "mistral": "sliding_window",
-    "llama": "causal",
-    "olmo2": "causal",
+
+@dataclass(frozen=True)
+class Streamed:
+    """What transformers' own model of a family does around its layers, as this stream repeats it: how it picks each
+    layer's mask (by the config's `layer_types`, by whether the config sets a `sliding_window`, every layer alike, or
+    always causal), whether its embedding is its `XxxTextScaledWordEmbedding`, whether its rotary module takes the
+    layer type, and whether its head's logits are soft-capped."""
+
+    mask: str
+    scaled_embedding: bool = False
+    rope_by_kind: bool = False
+    softcap: bool = False
+    module: str | None = None  # transformers' module directory, where it is not the model type
+
+
+FAMILIES = {  # the MoE families are not streamed at all yet (parity/api.py refuses them first)
+    "qwen3": Streamed("layer_types"),
+    "qwen2": Streamed("layer_types"),
+    "mistral": Streamed("sliding_window"),
+    "llama": Streamed("causal"),
+    "olmo2": Streamed("causal"),
+    "gemma2": Streamed("layer_types", scaled_embedding=True, softcap=True),
+    "gemma3_text": Streamed("layer_types", scaled_embedding=True, rope_by_kind=True, softcap=True, module="gemma3"),
 }
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the two kinds
 
@@ -69,21 +87,23 @@ class HFLayerwise:
             except (OSError, ValueError, KeyError) as err:
                 raise InputError(f"transformers cannot read the config of {self.directory}: {err}") from err
         self.config._attn_implementation = "eager"  # transformers' plain reference attention (hf_reference.py)
-        if self.config.model_type not in MASK_RULES:
+        if self.config.model_type not in FAMILIES:
             raise InputError(
-                f"the streamed transformers reference (--stream with --reference hf) covers {', '.join(MASK_RULES)}; "
+                f"the streamed transformers reference (--stream with --reference hf) covers {', '.join(FAMILIES)}; "
                 f"{self.config.model_type}'s model does more around its layers than it builds: run --reference hf "
                 "on the whole model (without --stream), or --stream without --reference hf"
             )
-        self.mask_rule = MASK_RULES[self.config.model_type]
+        self.family = FAMILIES[self.config.model_type]
         family = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[self.config.model_type].removesuffix("ForCausalLM")  # "Qwen3"
-        modeling = importlib.import_module(
-            f"transformers.models.{self.config.model_type}.modeling_{self.config.model_type}"
-        )
+        module = self.family.module or self.config.model_type
+        modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
         self.layer_class = getattr(modeling, f"{family}DecoderLayer")
         self.norm_class = getattr(modeling, f"{family}RMSNorm")
         self.rotary = getattr(modeling, f"{family}RotaryEmbedding")(config=self.config)
-        self._rope: tuple | None = None  # (position embeddings, masks by kind, position ids) of the batch
+        self.embedding_class = (
+            getattr(modeling, f"{family}TextScaledWordEmbedding") if self.family.scaled_embedding else None
+        )
+        self._rope: tuple | None = None  # (position embeddings by kind, masks by kind, position ids) of the batch
         self.load_s = self.run_s = 0.0
 
     @contextlib.contextmanager
@@ -106,10 +126,10 @@ class HFLayerwise:
         return module.to(self.dtype).to_empty(device="cpu").eval()
 
     def _layer_kind(self, index: int) -> str:
-        """The kind of mask transformers' model gives layer `index` (MASK_RULES)."""
-        if self.mask_rule == "layer_types":
+        """The kind of mask (and, in Gemma 3, rotary table) transformers' model gives layer `index` (FAMILIES)."""
+        if self.family.mask == "layer_types":
             return self.config.layer_types[index]
-        if self.mask_rule == "sliding_window" and self.config.sliding_window is not None:
+        if self.family.mask == "sliding_window" and self.config.sliding_window is not None:
             return SLIDING
         return FULL
 
@@ -118,8 +138,17 @@ class HFLayerwise:
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         makers = {FULL: create_causal_mask, SLIDING: create_sliding_window_causal_mask}
-        kinds = {self._layer_kind(i) for i in range(self.spec.num_hidden_layers)}
-        return {kind: self._mask(makers[kind], hidden, position_ids) for kind in sorted(kinds)}
+        return {kind: self._mask(makers[kind], hidden, position_ids) for kind in self._kinds()}
+
+    def _kinds(self) -> list[str]:
+        return sorted({self._layer_kind(i) for i in range(self.spec.num_hidden_layers)})
+
+    def _ropes(self, hidden, position_ids) -> dict:
+        """{kind: (cos, sin)} from the family's rotary module: one table for every kind, or (Gemma 3) one each."""
+        if not self.family.rope_by_kind:
+            table = self.rotary(hidden, position_ids)
+            return dict.fromkeys(self._kinds(), table)
+        return {kind: self.rotary(hidden, position_ids, kind) for kind in self._kinds()}
 
     def _mask(self, create, hidden, position_ids):
         """One of transformers' mask functions for the config, called with the arguments its version names."""
@@ -136,14 +165,18 @@ class HFLayerwise:
         torch = self.torch
         start = time.perf_counter()
         rows, inverse = embedding_rows(self.directory, self.spec, ids)  # rows [U, H], inverse [B, T]
-        table = self._empty(lambda: torch.nn.Embedding(*rows.shape))
+        if self.embedding_class is None:
+            table = self._empty(lambda: torch.nn.Embedding(*rows.shape))
+        else:  # its scale is a buffer that an empty module would leave unset: built as the model builds it
+            scale = self.config.hidden_size**0.5
+            table = self.embedding_class(*rows.shape, None, embed_scale=scale).to(self.dtype).eval()
         with torch.no_grad():
             table.weight.copy_(self._tensor(rows))
         self.load_s += time.perf_counter() - start
         with self._running():
             hidden = table(torch.as_tensor(inverse))  # [B, T, H]
             position_ids = torch.arange(ids.shape[1])[None]  # [1, T], as the model makes them
-            self._rope = (self.rotary(hidden, position_ids), self._masks(hidden, position_ids), position_ids)
+            self._rope = (self._ropes(hidden, position_ids), self._masks(hidden, position_ids), position_ids)
         if trace is not None:
             trace["embed"] = hidden
         return hidden
@@ -164,8 +197,9 @@ class HFLayerwise:
         layer.load_state_dict(state, strict=True)  # every tensor of the layer, no other
         del checkpoint, state
         self.load_s += time.perf_counter() - start
-        position_embeddings, masks, position_ids = self._rope
-        mask = masks[self._layer_kind(index)]
+        ropes, masks, position_ids = self._rope
+        kind = self._layer_kind(index)
+        position_embeddings, mask = ropes[kind], masks[kind]
         outputs = []
         with self._running():
             for hidden, trace in zip(inputs, traces, strict=True):
@@ -199,6 +233,10 @@ class HFLayerwise:
                     out.append(head(x))  # [B, T, rows]
             del head, block
         logits = [torch.cat(out, dim=-1) for out in blocks]  # [B, T, V]
+        if self.family.softcap and self.config.final_logit_softcapping is not None:
+            cap = self.config.final_logit_softcapping
+            with self._running():
+                logits = [torch.tanh(x / cap) * cap for x in logits]
         for trace, final, full in zip(traces, normed, logits, strict=True):
             if trace is not None:
                 trace["final_norm"] = final

@@ -97,17 +97,20 @@ def test_reference_hf_streamed_uses_transformers_layers(hf_checkpoint):
         )
 
 
-@pytest.mark.parametrize("name", ["mistral_window", "llama3_scaled", "olmo2_post"])
+@pytest.mark.parametrize(
+    "name", ["mistral_window", "llama3_scaled", "olmo2_post", "gemma2_sandwich", "gemma3_local_global"]
+)
 def test_reference_hf_streamed_gives_each_layer_its_models_mask(hf_checkpoint, name):
     """Mistral's window (7) inside the 8 tokens: every layer's sliding mask, as its whole model gives them; Llama 3's
-    scaled rotary and OLMo 2's post-norm layers streamed alike."""
+    scaled rotary and OLMo 2's post-norm layers streamed alike; Gemma 2 and 3 (windows 6 and 5) with their scaled
+    embedding, alternating masks, Gemma 3's local rotary table and the logit softcap."""
     path = hf_checkpoint(name)
     streamed = parity.check(path, reference="hf", stream=True, **CHECK)
     assert streamed.passed, streamed.format()
     assert [c.label for c in streamed.comparisons] == ["torch vs jax", "torch vs hf", "jax vs hf"]
 
 
-@pytest.mark.parametrize("name", ["gemma2_sandwich", "gemma3_local_global", "neox_parallel"])
+@pytest.mark.parametrize("name", ["neox_parallel", "neox_sequential"])
 def test_reference_hf_streamed_refuses_the_families_it_does_not_build(hf_checkpoint, name):
     path = hf_checkpoint(name)
     family = json.loads((path / "config.json").read_text())["model_type"]

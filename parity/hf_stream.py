@@ -3,10 +3,10 @@
 The twin of torch_impl/layerwise.py and jax_impl/layerwise.py for transformers: the same pieces (embed,
 run_layer, head) from the same memory-mapped tensors (spec/layerwise.py), each built from transformers' own
 classes for the checkpoint's family, found by name in its modeling module (`Qwen3DecoderLayer`,
-`Qwen3RotaryEmbedding`, `Qwen3RMSNorm`, ...), and dropped before the next loads. Nothing of theirs is copied:
-a layer is one `XxxDecoderLayer(config, layer_idx)` given its checkpoint tensors by `load_state_dict`
-(strict), run with their rotary embedding module's (cos, sin) and the mask their `create_causal_mask` makes
-for the config, eager attention as in parity/hf_reference.py. The embedding and the head are the torch
+`Qwen3RotaryEmbedding`, `Qwen3RMSNorm`, ...), and dropped before the next loads. Nothing of theirs is copied but
+one formula (below): a layer is one `XxxDecoderLayer(config, layer_idx)` given its checkpoint tensors by
+`load_state_dict` (strict), run with their rotary embedding module's (cos, sin) and the mask their mask functions
+make for the config, eager attention as in parity/hf_reference.py. The embedding and the head are the torch
 modules transformers' models use (`nn.Embedding`, `nn.Linear`), the head's table read in blocks of rows.
 
 Each layer gets the mask transformers' own model would give it (`FAMILIES`: causal, or a sliding window by the

@@ -89,9 +89,9 @@ class HFLayerwise:
         self.config._attn_implementation = "eager"  # transformers' plain reference attention (hf_reference.py)
         if self.config.model_type not in FAMILIES:
             raise InputError(
-                f"the streamed transformers reference (--stream with --reference hf) covers {', '.join(FAMILIES)}; "
-                f"{self.config.model_type}'s model does more around its layers than it builds: run --reference hf "
-                "on the whole model (without --stream), or --stream without --reference hf"
+                f"the streamed transformers reference (--stream with --reference hf) covers {', '.join(FAMILIES)}, "
+                f"not {self.config.model_type}: run --reference hf on the whole model (without --stream), or --stream "
+                "without --reference hf"
             )
         self.family = FAMILIES[self.config.model_type]
         family = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[self.config.model_type].removesuffix("ForCausalLM")  # "Qwen3"

@@ -14,8 +14,8 @@ config's layer types or for every layer where the config sets one), and what the
 layers is done too: Gemma's embedding through its own scaled-embedding class, Gemma 3's rotary tables per layer type
 from its own rotary module, and the final logit softcap Gemma's causal-LM class applies to the head's output,
 `tanh(logits / cap) * cap` (the one formula of theirs this stream writes out: it is in their `forward`, no module).
-A family the table does not describe (GPT-NeoX: other class names; the MoE families) is refused with the alternatives,
-never run half-faithfully.
+GPT-NeoX's layer class is `GPTNeoXLayer` and its final norm torch's LayerNorm. A family the table does not describe (the
+MoE families) is refused with the alternatives, never run half-faithfully.
 
 Its trace holds what a whole transformers model exposes (parity/components.py: `hf_components`) and x2 of
 the last layer too; a `Boundary` is the hidden state x itself, which is what its layers pass on.
@@ -46,6 +46,8 @@ class Streamed:
     layer type, and whether its head's logits are soft-capped."""
 
     mask: str
+    layer: str = "DecoderLayer"  # the layer class's name after the family's: `Qwen3DecoderLayer`, `GPTNeoXLayer`
+    layer_norm: bool = False  # the final norm is torch's LayerNorm (weight and bias), not the family's RMSNorm
     scaled_embedding: bool = False
     rope_by_kind: bool = False
     softcap: bool = False
@@ -60,6 +62,7 @@ FAMILIES = {  # the MoE families are not streamed at all yet (parity/api.py refu
     "olmo2": Streamed("causal"),
     "gemma2": Streamed("layer_types", scaled_embedding=True, softcap=True),
     "gemma3_text": Streamed("layer_types", scaled_embedding=True, rope_by_kind=True, softcap=True, module="gemma3"),
+    "gpt_neox": Streamed("causal", layer="Layer", layer_norm=True),
 }
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the two kinds
 
@@ -97,8 +100,8 @@ class HFLayerwise:
         family = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[self.config.model_type].removesuffix("ForCausalLM")  # "Qwen3"
         module = self.family.module or self.config.model_type
         modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
-        self.layer_class = getattr(modeling, f"{family}DecoderLayer")
-        self.norm_class = getattr(modeling, f"{family}RMSNorm")
+        self.layer_class = getattr(modeling, f"{family}{self.family.layer}")
+        self.norm_class = None if self.family.layer_norm else getattr(modeling, f"{family}RMSNorm")
         self.rotary = getattr(modeling, f"{family}RotaryEmbedding")(config=self.config)
         self.embedding_class = (
             getattr(modeling, f"{family}TextScaledWordEmbedding") if self.family.scaled_embedding else None
@@ -191,9 +194,10 @@ class HFLayerwise:
         start = time.perf_counter()
         prefix = layer_prefix(index)
         checkpoint = Checkpoint(self.directory)  # its own maps, released with it; validated by the caller
-        names = [e.name for e in param_table(self.spec) if e.name.startswith(prefix)]
+        marker = f"layers.{index}."  # the checkpoint's own prefix before it: "model.", "gpt_neox."
+        names = {e.name for e in param_table(self.spec) if e.module.startswith(prefix)}
         layer = self._empty(lambda: self.layer_class(self.config, layer_idx=index))
-        state = {name.removeprefix(prefix): self._tensor(checkpoint.get(name)) for name in names}
+        state = {name.split(marker, 1)[1]: self._tensor(checkpoint.get(name)) for name in names}
         layer.load_state_dict(state, strict=True)  # every tensor of the layer, no other
         del checkpoint, state
         self.load_s += time.perf_counter() - start
@@ -215,9 +219,16 @@ class HFLayerwise:
     def head(self, inputs: Sequence, traces: Sequence[dict | None]) -> list:
         torch = self.torch
         start = time.perf_counter()
-        norm = self._empty(lambda: self.norm_class(self.spec.hidden_size, eps=self.config.rms_norm_eps))
-        with torch.no_grad():
-            norm.weight.copy_(self._tensor(module_param(self.directory, self.spec, final_norm_module(self.spec))))
+        if self.family.layer_norm:  # weight and bias, by their checkpoint names' last part
+            norm = self._empty(lambda: torch.nn.LayerNorm(self.spec.hidden_size, eps=self.config.layer_norm_eps))
+            module, checkpoint = final_norm_module(self.spec), Checkpoint(self.directory)
+            names = {e.name for e in param_table(self.spec) if e.module == module}
+            norm.load_state_dict({n.rsplit(".", 1)[1]: self._tensor(checkpoint.get(n)) for n in names}, strict=True)
+            del checkpoint
+        else:
+            norm = self._empty(lambda: self.norm_class(self.spec.hidden_size, eps=self.config.rms_norm_eps))
+            with torch.no_grad():
+                norm.weight.copy_(self._tensor(module_param(self.directory, self.spec, final_norm_module(self.spec))))
         self.load_s += time.perf_counter() - start
         with self._running():
             normed = [norm(hidden) for hidden in inputs]  # [B, T, H]

@@ -40,10 +40,11 @@ from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer
 
 @dataclass(frozen=True)
 class Streamed:
-    """What transformers' own model of a family does around its layers, as this stream repeats it: how it picks each
-    layer's mask (by the config's `layer_types`, by whether the config sets a `sliding_window`, every layer alike, or
-    always causal), whether its embedding is its `XxxTextScaledWordEmbedding`, whether its rotary module takes the
-    layer type, and whether its head's logits are soft-capped."""
+    """What transformers' own model of a family is made of and does around its layers, as this stream repeats it: how
+    it picks each layer's mask (by the config's `layer_types`, by whether the config sets a `sliding_window`, every
+    layer alike, or always causal), its layer class and final norm, whether its embedding is its
+    `XxxTextScaledWordEmbedding`, whether its rotary module takes the layer type, and whether its head's logits are
+    soft-capped."""
 
     mask: str
     layer: str = "DecoderLayer"  # the layer class's name after the family's: `Qwen3DecoderLayer`, `GPTNeoXLayer`

@@ -35,7 +35,7 @@ import numpy as np
 
 from parity.hf_reference import _quiet_transformers, hf_available
 from spec import Checkpoint, InputError, ModelSpec, check_token_ids, param_table
-from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_prefix, module_param
+from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_prefix
 
 
 @dataclass(frozen=True)
@@ -220,16 +220,15 @@ class HFLayerwise:
     def head(self, inputs: Sequence, traces: Sequence[dict | None]) -> list:
         torch = self.torch
         start = time.perf_counter()
-        if self.family.layer_norm:  # weight and bias, by their checkpoint names' last part
-            norm = self._empty(lambda: torch.nn.LayerNorm(self.spec.hidden_size, eps=self.config.layer_norm_eps))
-            module, checkpoint = final_norm_module(self.spec), Checkpoint(self.directory)
-            names = {e.name for e in param_table(self.spec) if e.module == module}
-            norm.load_state_dict({n.rsplit(".", 1)[1]: self._tensor(checkpoint.get(n)) for n in names}, strict=True)
-            del checkpoint
+        hidden_size = self.spec.hidden_size
+        if self.family.layer_norm:
+            norm = self._empty(lambda: torch.nn.LayerNorm(hidden_size, eps=self.config.layer_norm_eps))
         else:
-            norm = self._empty(lambda: self.norm_class(self.spec.hidden_size, eps=self.config.rms_norm_eps))
-            with torch.no_grad():
-                norm.weight.copy_(self._tensor(module_param(self.directory, self.spec, final_norm_module(self.spec))))
+            norm = self._empty(lambda: self.norm_class(hidden_size, eps=self.config.rms_norm_eps))
+        module, checkpoint = final_norm_module(self.spec), Checkpoint(self.directory)
+        names = {e.name for e in param_table(self.spec) if e.module == module}  # weight (and a LayerNorm's bias)
+        norm.load_state_dict({n.rsplit(".", 1)[1]: self._tensor(checkpoint.get(n)) for n in names}, strict=True)
+        del checkpoint
         self.load_s += time.perf_counter() - start
         with self._running():
             normed = [norm(hidden) for hidden in inputs]  # [B, T, H]

@@ -209,10 +209,13 @@ def main(argv: list[str] | None = None) -> int:
         f"operators one by one, which decodes at {fractions(per_op)}"
     )
     jax_per_op = results[JAX_PER_OPERATOR]
+    one_call = results["jax_impl"]["one_call_ratio"] = results["jax_impl"]["decode_tok_s"] / jax_per_op["decode_tok_s"]
+    held = results["jax_impl"]["layer_rule_held"] = one_call >= 1.0
     print(
         f"  jax_impl's layers each one call in a decode step (kernels/cpu/decode_layer_ffi.cc): decode "
-        f"x{results['jax_impl']['decode_tok_s'] / jax_per_op['decode_tok_s']:.2f} over the same model with its layers "
-        f"as XLA's operators, which decodes at {fractions(jax_per_op)}"
+        f"x{one_call:.2f} over the same model with its layers as XLA's operators, which decodes at "
+        f"{fractions(jax_per_op)}; jax_impl/layer_choice.py takes the call by rule, which "
+        + ("held in this run" if held else "did NOT hold in this run: the operators decoded faster on this machine")
     )
     print(f"  transformers  decode at {fractions(base)}")
     results["machine"] = {

@@ -74,7 +74,7 @@ class DecoderLayer(nnx.Module):
         routing: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, KVCache | None]:
         """`routing` [B, T, k]: a sparse layer's teacher-forced expert ids (jax_impl/moe.py)."""
-        if self.one_call and cache is not None and trace is None and self._takes_one_call(hidden, cos, cache):
+        if self.one_call and cache is not None and trace is None and self._takes_one_call(hidden, cache):
             return self._decode_in_one_call(hidden, residual, cos, sin, mask, cache)
         if residual is None:  # layer 0: the residual stream starts as the embedding h0
             residual, hidden = hidden, self.input_layernorm(hidden)
@@ -108,13 +108,12 @@ class DecoderLayer(nnx.Module):
             trace[f"{name}.x2"] = add(hidden, residual)
         return hidden, residual, cache
 
-    def _takes_one_call(self, hidden: jax.Array, cos: jax.Array, cache: KVCache) -> bool:
-        """Whether this step runs in one call: a decode step's rows (jax_decode_layer.takes), and the call measured
-        faster than this layer's operators, or forced (jax_impl/layer_choice.py; asked while tracing: the compiled
-        step keeps the answer)."""
+    def _takes_one_call(self, hidden: jax.Array, cache: KVCache) -> bool:
+        """Whether this step runs in one call: a decode step's rows (jax_decode_layer.takes), and the layer's rule or
+        pin (jax_impl/layer_choice.py; asked while tracing: the compiled step keeps the answer)."""
         if not jax_decode_layer.takes(hidden, cache.k[self.layer_idx]):
             return False
-        return layer_choice.charged_choice(self, hidden, cos, cache)
+        return layer_choice.takes_one_call(self, hidden)
 
     def _decode_in_one_call(
         self, hidden: jax.Array, residual: jax.Array | None, cos, sin, mask, cache: KVCache

@@ -31,11 +31,10 @@ the CPU keep the single dot.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
@@ -123,10 +122,9 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
 
     def measure() -> dict:
         own = PATHS.resident(_resident_key(rhs))  # a model's weights of this shape, if offered
-        ready = (_PREPARED.get() or {}).get(key)  # compiled by `compiled_together`, if the caller asked
         streams = rows <= CHOICE_MAX_ROWS  # a decode step's product: timed from memory
         return product_timing.candidates(
-            FORMS, timed, rows, rhs.shape, lhs.dtype, axis, precision, own, ready, copies, streams
+            FORMS, timed, rows, rhs.shape, lhs.dtype, axis, precision, own, copies, streams
         )
 
     return PATHS.choose(key, measure)
@@ -148,35 +146,6 @@ def _due(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=None) -
     return PATHS.settle(key, timed[0]) if len(timed) == 1 else (key, timed)
 
 
-_PREPARED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("jax_impl.linear.prepared", default=None)
-
-
-@contextlib.contextmanager
-def compiled_together(products: Iterable[tuple[jax.Array, jax.Array]], dimension_numbers, precision=None
-                      ) -> Iterator[None]:  # fmt: skip
-    """Within the block (this thread), the measurements of the keys among `products` ((x, W) pairs, abstract or
-    concrete) that are due find their timing programs compiled: all of them side by side on entering it, where one
-    key's few programs alone leave cores idle, and all finished before any is timed, so that no compilation runs
-    beside a timing pass."""
-    due = {}
-    for lhs, rhs in products:
-        found = _due(lhs, rhs, dimension_numbers)
-        if not isinstance(found, str) and found[0] not in PATHS.chosen() and found[0] not in (_PREPARED.get() or {}):
-            due.setdefault(found[0], (lhs, rhs, found[1]))
-    with ThreadPoolExecutor(max(1, sum(len(timed) for _, _, timed in due.values()))) as pool:  # the OS shares the cores
-        futures = {}
-        for key, (lhs, rhs, timed) in due.items():
-            axis = _contracted(lhs, rhs, dimension_numbers)
-            shape, _ = product_timing.timed_pass(rhs.shape, rhs.dtype, axis)
-            w = jax.ShapeDtypeStruct(shape, rhs.dtype)
-            futures[key] = product_timing.compiling(pool, FORMS, timed, math.prod(lhs.shape[:-1]), w, axis, precision)
-    token = _PREPARED.set({**(_PREPARED.get() or {}), **futures})  # the pool's exit waited for every compilation
-    try:
-        yield
-    finally:
-        _PREPARED.reset(token)
-
-
 def rows_key(rows: int) -> int:
     """The row count a choice is kept under: exact up to CHOICE_MAX_ROWS (a few rows stream the weight), else the
     power of two at or above it (compute-bound: the ranking does not turn within a factor of two of rows, and a
@@ -187,20 +156,6 @@ def rows_key(rows: int) -> int:
 def _key(lhs: jax.Array, rhs: jax.Array, axis: int) -> tuple:
     rows = rows_key(math.prod(lhs.shape[:-1]))
     return rows, rhs.shape[axis], rhs.shape[1 - axis], jnp.dtype(lhs.dtype).name, "x@W" if axis == 0 else "x@W^T"
-
-
-def stream_floor(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None) -> float | None:
-    """A lower bound on this product's seconds in a decode step, in whatever form it takes there: its weight's bytes
-    at the rate of the fastest pass any form of its key was timed at (choosing the key now if it is due). None where
-    no form was timed: a forced form, one left by a rule, a weight that stays in cache."""
-    path_of(lhs, rhs, dimension_numbers, precision)
-    axis = _contracted(lhs, rhs, dimension_numbers)
-    choice = PATHS.chosen().get(_key(lhs, rhs, axis)) if axis is not None else None
-    if choice is None or not choice.seconds or PATHS.forced_path() is not None:
-        return None
-    shape, copies = product_timing.timed_pass(rhs.shape, rhs.dtype, axis)
-    per_byte = min(choice.seconds.values()) / (copies * math.prod(shape) * jnp.dtype(rhs.dtype).itemsize)
-    return per_byte * math.prod(rhs.shape) * jnp.dtype(rhs.dtype).itemsize
 
 
 def _worth_timing(forms: tuple[str, ...], rows: int, dtype) -> tuple[str, ...]:

@@ -99,8 +99,8 @@ def timed_pass(rhs_shape: tuple[int, int], dtype, axis: int, max_copies: int = M
 
 
 def candidates(table: Mapping[str, Form], forms: tuple[str, ...], rows: int, rhs_shape: tuple[int, int], dtype,
-               axis: int, precision, own: list[jax.Array], ready: Mapping[str, Future] | None = None,
-               max_copies: int = MAX_COPIES, streams: bool = True) -> dict[str, Timed]:  # fmt: skip
+               axis: int, precision, own: list[jax.Array], max_copies: int = MAX_COPIES,
+               streams: bool = True) -> dict[str, Timed]:  # fmt: skip
     """One timing pass per form: the product of `rows` rows over the distinct weights of `timed_pass` (at most
     `max_copies`), a model's own (`own`) where they suffice (`timed_weights`); where it `streams` (a decode step's
     few rows), its weights evicted from the caches before each pass (untimed, spec/path_choice.py's Pass), as a decode
@@ -118,7 +118,7 @@ def candidates(table: Mapping[str, Form], forms: tuple[str, ...], rows: int, rhs
     k = rhs_shape[axis]
     rhs_shape, copies = timed_pass(rhs_shape, dtype, axis, max_copies)
     with ThreadPoolExecutor(len(forms)) as pool:
-        programs = ready or compiling(pool, table, forms, rows, jax.ShapeDtypeStruct(rhs_shape, dtype), axis, precision)
+        programs = compiling(pool, table, forms, rows, jax.ShapeDtypeStruct(rhs_shape, dtype), axis, precision)
         with jax.ensure_compile_time_eval():  # concrete arrays, even while the caller traces
             x_of = {name: timed_x(name, rows, k, dtype) for name in forms}
             xs = {name: filled(x.shape, x.dtype, 1) for name, x in x_of.items()}

@@ -41,7 +41,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from spec.cpu_load import CpuSample, OthersBusy, cpu_sample
 
@@ -65,13 +65,12 @@ class _Resident:
 
 @dataclass(frozen=True)
 class Choice:
-    """The path taken for one key, each candidate's best pass in seconds, the measurement's wall time, and the lower
-    bounds that stood in for the passes of paths never run (`PathChoice.choose`'s `floors`)."""
+    """The path taken for one key, each candidate's best pass in seconds (none where a rule settled it), and the
+    measurement's wall time."""
 
     path: str
     seconds: Mapping[str, float]
     cost: float
-    floors: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,6 @@ class Pass:
 
 
 Timed = Callable[[], object] | Pass  # a candidate's pass: a plain run, timed as it finds the caches, or a Pass
-Floors = tuple[Timed, Mapping[str, float]]  # the first path's run; a lower bound on each other path's pass
 
 
 class PathChoice:
@@ -102,18 +100,15 @@ class PathChoice:
         repeats: int = 2,
         margin: float = 0.05,
         prune: float = 2.0,
-        bound_passes: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
         cpu: Callable[[], CpuSample | None] | None = cpu_sample,
     ):
         """`repeats` rounds of one timed pass per candidate after a warm-up, but one round for those that did not
         beat the default by `margin` in the first (all of them, when none did) and for a default `prune` times
-        slower than the fastest; `bound_passes` timed passes of the first path against `choose`'s floors (None:
-        `repeats`; more where a pass costs little next to building the other candidates); `clock` is the timer
-        (tests pass a fake one); `cpu` samples the machine's CPU counters around each measurement (None: not
-        measured)."""
+        slower than the fastest; `clock` is the timer (tests pass a fake one); `cpu` samples the machine's CPU
+        counters around each measurement (None: not measured)."""
         self.name, self.paths, self.repeats, self.margin, self.clock = name, paths, repeats, margin, clock
-        self.prune, self.bound_passes = prune, repeats if bound_passes is None else bound_passes
+        self.prune = prune
         self._chosen: dict[Hashable, Choice] = {}
         self.version = 0  # counts `clear`s: a caller that keeps what it learnt from the choices keys it on this
         self._charged = 0.0  # choosing work that belongs to no one key (`charge`)
@@ -158,23 +153,12 @@ class PathChoice:
         pool = self._resident.get()
         return [] if pool is None else pool.get(key)
 
-    def choose(
-        self,
-        key: Hashable,
-        candidates: Callable[[], Mapping[str, Timed]],
-        floors: Callable[[], Floors | None] | None = None,
-    ) -> str:
+    def choose(self, key: Hashable, candidates: Callable[[], Mapping[str, Timed]]) -> str:
         """The path for `key`: the forced one, the one chosen before, or the fastest of `candidates()` now.
 
         `candidates()` builds, only when a measurement is due, one zero-argument callable per path that runs
         a pass of the product (and waits for its result), or a `Pass` that also evicts the pass's operands; a path it
         leaves out is unavailable here.
-
-        `floors()`, where given, is asked first: the first path's run and a lower bound on each other path's pass
-        (seconds), or None where it has none. When the first path's best of `bound_passes` beats every bound by the
-        margin, no other path could have replaced it, so it is kept and `candidates()` is never built: the shortcut
-        for candidates that cost far more to build than to run (a compiled program each), whose time a cheaper
-        measurement bounds from below.
         """
         forced = self._forced.get()
         if forced is not None:
@@ -184,7 +168,7 @@ class PathChoice:
             with self._lock:
                 choice = self._chosen.get(key)
                 if choice is None:
-                    choice = self._chosen[key] = self._measure(candidates, floors)
+                    choice = self._chosen[key] = self._measure(candidates)
         return choice.path
 
     def settle(self, key: Hashable, path: str) -> str:
@@ -197,16 +181,8 @@ class PathChoice:
             choice = self._chosen.setdefault(key, Choice(self.check(path), {}, 0.0))
         return choice.path
 
-    def _measure(
-        self, candidates: Callable[[], Mapping[str, Timed]], floors: Callable[[], Floors | None] | None
-    ) -> Choice:
+    def _measure(self, candidates: Callable[[], Mapping[str, Timed]]) -> Choice:
         start, before = self.clock(), self._sample()
-        bounded = None if floors is None else self._bounded(floors)
-        if bounded is not None:
-            path, best, bounds = bounded
-            cost = self.clock() - start
-            self._note_load(before, self._sample(), cost)
-            return Choice(path, {path: best}, cost, bounds)
         runs = dict(candidates())
         unknown = set(runs) - set(self.paths)
         if unknown or not runs:
@@ -232,22 +208,6 @@ class PathChoice:
         cost = self.clock() - start
         self._note_load(before, self._sample(), cost)
         return Choice(path, best, cost)
-
-    def _bounded(self, floors: Callable[[], Floors | None]) -> tuple[str, float, dict[str, float]] | None:
-        """(the first path, its best pass, the bounds) where that pass beats every other path's bound by the margin;
-        else None, and the full measurement decides."""
-        given = floors()
-        if given is None:
-            return None
-        run, bounds = given
-        first = self.paths[0]
-        if not bounds or first in bounds or set(bounds) - set(self.paths):
-            raise ValueError(f"{self.name}: floors {sorted(bounds)} must name paths among {self.paths[1:]}")
-        run()  # warm-up
-        best = min(self._time(run) for _ in range(self.bound_passes))
-        if all(best < (1 - self.margin) * bound for bound in bounds.values()):
-            return first, best, dict(bounds)
-        return None
 
     def _sample(self) -> CpuSample | None:
         return None if self.cpu is None else self.cpu()

@@ -1,6 +1,7 @@
 """Whether a dense layer's CPU decode step runs in one call (kernels/cpu/torch_decode_layer.py) or as torch's
 operators, chosen by timing on the machine that runs it: `LAYERS`, a spec/path_choice.py `PathChoice` of its own.
-Mirrors jax_impl/layer_choice.py.
+Mirrors jax_impl/layer_choice.py, which decides by a rule instead: there a sound timing costs compilations, here
+nothing compiles.
 
 The products' own choices (torch_impl/linear.py) cannot decide it. Timed alone, F.linear and the few-row kernel can
 stream a decode-sized weight within a few percent of each other, and one product's near-tie taken the other way would

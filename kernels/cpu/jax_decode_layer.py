@@ -2,7 +2,7 @@
 to XLA by decode_layer_ffi.cc): `decode_layer(...)`, the twin of torch_decode_layer.decode_layer.
 
 jax_impl/decoder_layer.py's DecoderLayer runs a dense layer's decode step through it inside generation's jitted
-decode step where the call was measured faster than the layer's operators (jax_impl/layer_choice.py): the few-row
+decode step where jax_impl/layer_choice.py's rule takes it (the kernel applies to all six products): the few-row
 product kernel over Flax's [in, out] kernels (jax_impl/linear.py's "gemv" form) and the attention over the cache's
 written slots that kernels/cpu/jax_decode_ops.py runs, with decode_ops.c's add+RMSNorm, q/k norms, RoPE and SwiGLU
 in place of XLA's fusions of the reference's. Those agree with XLA's to float32 rounding, not bit for bit (another

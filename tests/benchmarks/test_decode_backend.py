@@ -2,7 +2,7 @@
 writes is the one it reads; one generation's rates from a loaded model; `--jax-compilation-cache` (JAX's persistent
 compilation cache, checked in fresh processes: the cache is JAX's global setting, taken by a process's first
 compilation, and this test process already has its own, tests/conftest.py); and `chosen_paths`, which reports what
-choosing cost, the decode shapes' part apart."""
+choosing cost, the decode shapes' part apart, as the backend as shipped chose (`warm_up`)."""
 
 from __future__ import annotations
 
@@ -86,3 +86,30 @@ def test_the_choosing_cost_of_the_decode_shapes_leaves_out_the_prompts():
         PATHS._chosen.update(saved)
     assert report["choice_cost_s"] == 0.75 and report["choice_decode_cost_s"] == 0.25
     assert report["paths"] == {"1 1024 2048 float32 False": "gemv", "128 1024 2048 float32 False": "onednn"}
+
+
+def test_the_paths_report_is_the_shipped_variants(default_dir, monkeypatch):
+    """jax_impl's per-op variant times the decode products its layers' one call never asks (the test model's weights
+    counted as streamed here): the report, read after the shipped variant, leaves them and their cost out."""
+    from jax_impl import layer_choice, linear
+    from jax_impl.generate import _BY_IDENTITY, _compiled_steps
+
+    monkeypatch.setattr(linear, "MIN_CHOICE_BYTES", 0)
+    saved_paths, saved_layers = linear.PATHS.chosen(), layer_choice.LAYERS.chosen()
+    linear.PATHS.clear()
+    layer_choice.LAYERS.clear()
+    try:
+        _BY_IDENTITY.clear()  # a fresh trace of every step: one compiled before holds its earlier choices
+        _compiled_steps.cache_clear()
+        variants = decode_backend.load_backend("jax_impl", default_dir, "float32", np.array([[5, 9, 200, 7]]), 3)
+        _, shipped = decode_backend.warm_up("jax_impl", variants)
+        everything = decode_backend.chosen_paths("jax_impl")
+    finally:
+        linear.PATHS.clear()
+        linear.PATHS._chosen.update(saved_paths)
+        layer_choice.LAYERS.clear()
+        layer_choice.LAYERS._chosen.update(saved_layers)
+    decode = {shape for shape in everything["paths"] if shape.startswith("1 ") and shape.endswith("x@W")}
+    assert decode and not decode & set(shipped["paths"])  # the layers' products: timed by the per-op variant only
+    assert any(path.startswith("one_call") for path in shipped["paths"].values())
+    assert shipped["choice_decode_cost_s"] < everything["choice_decode_cost_s"]

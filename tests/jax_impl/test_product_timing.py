@@ -88,7 +88,7 @@ def test_a_models_own_weights_are_timed_where_it_has_enough_of_them(fresh_choice
 
     offered, streamed = [], []
 
-    def measured(_table, forms, _rows, _shape, _dtype, _axis, _precision, own, _ready, _copies, streams):
+    def measured(_table, forms, _rows, _shape, _dtype, _axis, _precision, own, _copies, streams):
         offered.append(own)  # as path_of passed it
         streamed.append(streams)
         return {form: lambda: None for form in forms}
@@ -101,31 +101,6 @@ def test_a_models_own_weights_are_timed_where_it_has_enough_of_them(fresh_choice
         path_of(x, weights[0], LINEAR_DIMS)
     assert [[w.unsafe_buffer_pointer() for w in ws] for ws in offered] == [[w.unsafe_buffer_pointer() for w in weights]]
     assert streamed == [True]  # one row streams its weight: timed from memory
-
-
-@pytest.mark.skipif(not ON_CPU, reason="the choice is made on the CPU only")
-def test_keys_compiled_together_are_compiled_once_and_bound_by_their_fastest_pass(fresh_choices, monkeypatch):
-    """`compiled_together` compiles the timing programs of each due key once, before any is timed, and the
-    measurements inside the block take them; `stream_floor` is a product's bytes at its key's fastest timed rate,
-    and none where nothing was timed (a weight that stays in cache, a forced form)."""
-    compiled = []
-    compiling = product_timing.compiling
-    monkeypatch.setattr(product_timing, "compiling", lambda *a: compiled.append(a[4].shape) or compiling(*a))
-    x = jax.ShapeDtypeStruct((1, 1024), jnp.float32)
-    tall, wide, small = jnp.ones((1024, 1536), jnp.float32), jnp.ones((1536, 1024), jnp.float32), jnp.ones((64, 24))
-    x_wide, x_small = jax.ShapeDtypeStruct((1, 1536), jnp.float32), jax.ShapeDtypeStruct((1, 64), jnp.float32)
-    products = [(x, tall), (x_wide, wide), (x, tall), (x_small, small)]
-    with linear_module.compiled_together(products, LINEAR_DIMS):
-        assert compiled == [(1024, 1536), (1536, 1024)]  # the repeated key once, the cached weight not at all
-        floors = [linear_module.stream_floor(lhs, w, LINEAR_DIMS) for lhs, w in products]
-    assert len(compiled) == 2 and len(fresh_choices.chosen()) == 2  # measured with the programs compiled above
-    for (lhs, w), floor in zip(products[:2], floors[:2], strict=True):
-        (choice,) = [c for key, c in fresh_choices.chosen().items() if key[1:3] == (lhs.shape[1], w.shape[1])]
-        copies = product_timing.STREAM_BYTES // w.nbytes  # 10 weights of 6 MiB per pass
-        assert floor == pytest.approx(min(choice.seconds.values()) / copies) and floor > 0
-    assert floors[2] == floors[0] and floors[3] is None
-    with linear_module.PATHS.forced("dot"):
-        assert linear_module.stream_floor(x, tall, LINEAR_DIMS) is None
 
 
 @pytest.mark.skipif(not ON_CPU, reason="the timing passes are a CPU measurement's")

@@ -17,10 +17,10 @@ import pytest
 from flax import nnx
 
 import jax_impl
-from jax_impl import linear
+from jax_impl import layer_choice, linear
 from jax_impl.generate import compiled_steps
 from jax_impl.kv_cache import KVCache
-from jax_impl.layer_choice import CHAIN, LAYERS
+from jax_impl.layer_choice import LAYERS
 from kernels.cpu import build, jax_decode_layer, jax_decode_ops
 from parity.tolerances import TOLERANCES
 from spec import DEFAULT_SPEC, InputError, ModelSpec
@@ -100,38 +100,29 @@ def test_the_layer_keeps_its_operators_where_the_rule_fails(tmp_path, traced):
     assert traced() == model.spec.num_hidden_layers
 
 
-@pytest.mark.parametrize("bound", ["beaten", "not beaten"])
-def test_the_choice_is_measured_once_per_shape_and_charged(tmp_path, traced, monkeypatch, bound):
-    """Where the layer's weights count as streamed, the first trace times the call against a lower bound on the
-    operators (their products at the fastest rate each was timed at) and, where the bound is not beaten, against the
-    operators themselves (two programs over CHAIN layers); every layer of that shape keeps the answer, the time is
-    charged to the products' choice, and the step takes what was chosen. The call's chain is built once either way.
-    The bound is scaled here so that each branch is taken for certain."""
+def test_a_streamed_layer_takes_the_call_by_rule_untimed(tmp_path, traced, monkeypatch):
+    """Where the layer's weights count as streamed, the first trace takes the one call by jax_impl/layer_choice.py's
+    rule: recorded once for the layers' one shape with no timing and no cost, none of the layers' decode products
+    measured (the call computes them on the kernel), every layer traced through the call."""
     monkeypatch.setattr(linear, "MIN_CHOICE_BYTES", 0)
-    floor = linear.stream_floor
-    scale = 1e6 if bound == "beaten" else 0.0
-    monkeypatch.setattr(linear, "stream_floor", lambda *args: None if (f := floor(*args)) is None else scale * f)
     model = load(tmp_path, DEFAULT_SPEC, "float32")
-    saved, cost = LAYERS.chosen(), linear.PATHS.cost()
+    saved_layers, saved_paths = LAYERS.chosen(), linear.PATHS.chosen()
     LAYERS.clear()
+    linear.PATHS.clear()
     try:
-        generate(model, steps=8 if bound == "beaten" else 9)  # a fresh trace each
-        chosen = LAYERS.chosen()
-        assert len(chosen) == 1  # both layers share one shape
-        (choice,) = chosen.values()
-        assert choice.cost > 0 and linear.PATHS.cost() >= cost + choice.cost
-        if bound == "beaten":  # the call's chain alone, timed against the bound: kept
-            assert (choice.path, set(choice.seconds), set(choice.floors)) == ("one_call", {"one_call"}, {"operators"})
-            assert choice.floors["operators"] > 1e3 * choice.seconds["one_call"]
-            chains = CHAIN
-        else:  # both chains measured in full, the call's the one built for the bound (the operators' holds no call)
-            assert set(choice.seconds) == {"one_call", "operators"} and choice.floors == {}
-            chains = CHAIN
-        taken = model.spec.num_hidden_layers if choice.path == "one_call" else 0
-        assert traced() == chains + taken  # the timed calls' chains, then the step's own layers if it won
+        generate(model, steps=8)  # a fresh trace
+        ((key, choice),) = LAYERS.chosen().items()  # both layers share one shape
+        assert (choice.path, dict(choice.seconds), choice.cost) == ("one_call", {}, 0.0)
+        assert key[:2] == (3, "float32")  # a decode step's three rows
+        layer = model.model.layers[0]
+        decode_keys = {(3, p.in_features, p.out_features) for p in layer_choice._products(layer)}
+        assert not decode_keys & {key[:3] for key in linear.PATHS.chosen()}
+        assert traced() == model.spec.num_hidden_layers
     finally:
         LAYERS.clear()
-        LAYERS._chosen.update(saved)
+        LAYERS._chosen.update(saved_layers)
+        linear.PATHS.clear()
+        linear.PATHS._chosen.update(saved_paths)
 
 
 def test_sliding_layers_keep_their_operators(tmp_path, traced):

@@ -121,29 +121,6 @@ def test_measured_once_per_key():
     assert choice.chosen() == {} and choice.cost() == 0
 
 
-@pytest.mark.parametrize(("plain_s", "bound_s", "shortcut"), [(1.0, 2.0, True), (1.0, 1.04, False), (1.0, 1.06, True)])
-def test_floors_keep_the_first_path_without_building_the_others(plain_s, bound_s, shortcut):
-    """A first path whose best pass beats every other path's lower bound by the margin is kept unbuilt by the others;
-    one that does not (within 5% of a bound) goes to the full measurement."""
-    clock, calls, built = FakeClock(), [], []
-    choice = make(clock, repeats=2, bound_passes=4)
-
-    def candidates():
-        built.append(True)
-        return {"plain": clock.candidate(plain_s, calls, "plain"), "other": clock.candidate(2.0, calls, "other")}
-
-    floors = lambda: (clock.candidate(plain_s, calls, "plain"), {"other": bound_s})  # noqa: E731
-    assert choice.choose("k", candidates, floors) == "plain"
-    (measured,) = choice.chosen().values()
-    assert measured.floors == ({"other": bound_s} if shortcut else {})
-    if shortcut:  # a warm-up and `bound_passes` passes of the first path, nothing else
-        assert (calls, built) == (["plain"] * 5, [])
-        assert measured.seconds == {"plain": plain_s} and measured.cost == pytest.approx(5 * plain_s)
-    else:  # the bound's passes, then the full measurement, rounds of `repeats`: not beaten there either
-        assert built == [True] and calls == ["plain"] * 5 + ["plain", "other"] * 2
-        assert measured.seconds == pytest.approx({"plain": plain_s, "other": 2.0})
-
-
 def test_a_pass_evicts_before_each_timed_run_untimed():
     """A Pass's `evict` runs before every timed pass (not before the warm-up) and its time is in the choice's cost,
     never in a pass: an eviction ten times longer than the paths' passes leaves their seconds and the choice exact."""
@@ -156,21 +133,6 @@ def test_a_pass_evicts_before_each_timed_run_untimed():
     (measured,) = choice.chosen().values()
     assert measured.seconds == pytest.approx({"plain": 1.0, "other": 0.5})
     assert measured.cost == pytest.approx(3 * 1.5 + 4 * 10.0)
-    calls.clear()  # and the first path's passes against floors
-    floors = lambda: (Pass(clock.candidate(1.0, calls, "plain"), evict), {"other": 3.0})  # noqa: E731
-    assert make(clock, bound_passes=2).choose("k", lambda: runs, floors) == "plain"
-    assert calls == ["plain", "evict", "plain", "evict", "plain"]
-
-
-def test_floors_without_a_bound_measure_in_full_and_refuse_unknown_paths():
-    clock, calls = FakeClock(), []
-    choice = make(clock)
-    runs = {"plain": clock.candidate(1.0, calls, "plain"), "other": clock.candidate(0.5, calls, "other")}
-    assert choice.choose("k", lambda: runs, lambda: None) == "other"  # no bound: measured as without floors
-    assert choice.chosen()["k"].floors == {}
-    for bounds in ({}, {"plain": 2.0}, {"elsewhere": 2.0}):
-        with pytest.raises(ValueError, match=r"floors .* must name paths among \('other',\)"):
-            choice.choose(("bad", str(bounds)), lambda: runs, lambda b=bounds: (runs["plain"], b))
 
 
 def test_charged_seconds_count_in_the_cost_until_cleared():

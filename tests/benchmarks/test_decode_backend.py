@@ -92,15 +92,17 @@ def test_the_paths_report_is_the_shipped_variants(default_dir, monkeypatch):
     """jax_impl's per-op variant times the decode products its layers' one call never asks (the test model's weights
     counted as streamed here): the report, read after the shipped variant, leaves them and their cost out."""
     from jax_impl import layer_choice, linear
-    from jax_impl.generate import _BY_IDENTITY, _compiled_steps
+    from jax_impl.generate import _BY_IDENTITY, _compiled_steps, _step_functions
 
     monkeypatch.setattr(linear, "MIN_CHOICE_BYTES", 0)
     saved_paths, saved_layers = linear.PATHS.chosen(), layer_choice.LAYERS.chosen()
     linear.PATHS.clear()
     layer_choice.LAYERS.clear()
     try:
-        _BY_IDENTITY.clear()  # a fresh trace of every step: one compiled before holds its earlier choices
+        # A fresh trace of every step (new step functions, so new jit caches): one traced before keeps its choices.
+        _BY_IDENTITY.clear()
         _compiled_steps.cache_clear()
+        _step_functions.cache_clear()
         variants = decode_backend.load_backend("jax_impl", default_dir, "float32", np.array([[5, 9, 200, 7]]), 3)
         _, shipped = decode_backend.warm_up("jax_impl", variants)
         everything = decode_backend.chosen_paths("jax_impl")
@@ -110,6 +112,7 @@ def test_the_paths_report_is_the_shipped_variants(default_dir, monkeypatch):
         layer_choice.LAYERS.clear()
         layer_choice.LAYERS._chosen.update(saved_layers)
     decode = {shape for shape in everything["paths"] if shape.startswith("1 ") and shape.endswith("x@W")}
-    assert decode and not decode & set(shipped["paths"])  # the layers' products: timed by the per-op variant only
+    assert decode, everything  # the layers' products: timed by the per-op variant ...
+    assert not decode & set(shipped["paths"]), shipped  # ... only
     assert any(path.startswith("one_call") for path in shipped["paths"].values())
     assert shipped["choice_decode_cost_s"] < everything["choice_decode_cost_s"]

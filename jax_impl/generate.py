@@ -29,7 +29,7 @@ from jax_impl.model import SLIDING, CausalLM, attention_masks, default_positions
 from jax_impl.tensor_parallel import sharded_steps
 from jax_impl.vocab_parallel import DATA, gather_logits, greedy_token
 from kernels.cpu import jax_decode_layer, jax_decode_ops
-from spec.generation import Generation, SamplingParams, check_eos_ids, collect_tokens, prepare_prompts
+from spec.generation import Generation, SamplingParams, check_request, collect_tokens
 
 
 def sample(logits: jax.Array, params: SamplingParams, key: jax.Array) -> jax.Array:
@@ -214,13 +214,13 @@ def generate(
     computed and dropped). With the `mesh` a sharded model was loaded on, the steps run with explicit shardings and
     greedy decoding never gathers the vocabulary.
     """
-    params = SamplingParams(temperature, top_k, top_p, seed)
     if isinstance(input_ids, jax.Array):
         input_ids = np.asarray(input_ids)
-    prompts = prepare_prompts(input_ids, model.spec, max_new_tokens, attention_mask)
-    eos = jnp.asarray(
-        model.eos_token_ids if eos_token_ids is None else check_eos_ids(eos_token_ids, model.spec), jnp.int32
-    )
+    request = check_request(
+        model.spec, input_ids, max_new_tokens, attention_mask, eos_token_ids, model.eos_token_ids,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+    )  # fmt: skip
+    params, prompts, eos = request.params, request.prompts, jnp.asarray(request.eos, jnp.int32)
     batch, prompt_len = prompts.ids.shape
     dtype = model.model.embed_tokens.weight[...].dtype
     slots = prompt_len + max_new_tokens - 1  # the last new token is never fed back

@@ -99,6 +99,36 @@ def prepare_prompts(
     return Prompts(ids, mask.astype(np.int64), lengths)
 
 
+@dataclass(frozen=True)
+class Request:
+    """A `generate` call, validated: its sampling, its prompts left-padded, the ids that end a row."""
+
+    params: SamplingParams
+    prompts: Prompts
+    eos: tuple[int, ...]
+
+
+def check_request(
+    spec: ModelSpec,
+    input_ids: np.ndarray | Sequence[Sequence[int]],
+    max_new_tokens: int,
+    attention_mask: np.ndarray | None,
+    eos_token_ids: int | Sequence[int] | None,
+    default_eos: tuple[int, ...],
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int,
+) -> Request:
+    """Both backends' `generate` start here, so that a request with several faults gets the same error from either:
+    the sampling first, then the prompts, then the EOS ids (None: `default_eos`, the checkpoint's)."""
+    params = SamplingParams(temperature, top_k, top_p, seed)
+    prompts = prepare_prompts(input_ids, spec, max_new_tokens, attention_mask)
+    eos = default_eos if eos_token_ids is None else check_eos_ids(eos_token_ids, spec)
+    return Request(params, prompts, eos)
+
+
 def _is_row(row: object) -> bool:
     """One prompt of a ragged batch: a list, tuple or range of ids, or a 1-D array (numpy, torch, JAX)."""
     return isinstance(row, (list, tuple, range)) or getattr(row, "ndim", None) == 1

@@ -46,12 +46,13 @@ def _integers(value: Any, name: str, what: str) -> np.ndarray:
 
 def check_token_ids(ids: Any, spec: ModelSpec, *, past_length: int = 0, name: str = "input_ids") -> np.ndarray:
     """Check [B, T] ids (any integer dtype) against the spec, `past_length` positions already cached; -> int64."""
+    ids = as_host_array(ids, name)
+    if ids.size == 0:  # before the dtype: numpy makes [] and [[]] float64, and "not integer ids" would mislead
+        raise InputError(f"{name} is empty (shape {list(ids.shape)}): need at least one token per sequence")
     ids = _integers(ids, name, "token ids")
     if ids.ndim != 2:
         raise InputError(f"{name} must have shape [batch, seq_len], got rank {ids.ndim} shape {list(ids.shape)}")
     batch, seq = ids.shape
-    if batch == 0 or seq == 0:
-        raise InputError(f"{name} is empty (shape {list(ids.shape)}): need at least one token per sequence")
     if past_length + seq > spec.max_position_embeddings:
         raise InputError(
             f"{name} reaches position {past_length + seq} (seq_len {seq}"

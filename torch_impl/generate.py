@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from kernels.cpu import torch_decode_ops
-from spec.generation import Generation, SamplingParams, check_eos_ids, collect_tokens, prepare_prompts
+from spec.generation import Generation, Prompts, SamplingParams, check_request, collect_tokens
 from torch_impl import linear
 from torch_impl.kv_cache import KVCache
 from torch_impl.model import CausalLM
@@ -65,7 +65,13 @@ def generate(
 
     `stream(step, tokens[B])` is called as each token is produced.
     """
-    params = SamplingParams(temperature, top_k, top_p, seed)
+    if torch.is_tensor(input_ids):
+        input_ids = input_ids.cpu().numpy()
+    request = check_request(
+        model.spec, input_ids, max_new_tokens, attention_mask, eos_token_ids, model.eos_token_ids,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+    )  # fmt: skip
+    params = request.params
     device = model.model.embed_tokens.weight.device
     generator = None if params.greedy else torch.Generator(device).manual_seed(params.seed)
     logits_seen: list[np.ndarray] = []
@@ -85,17 +91,15 @@ def generate(
             dist.broadcast(token, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         return token
 
-    eos = model.eos_token_ids if eos_token_ids is None else check_eos_ids(eos_token_ids, model.spec)
     with linear.resident_weights(model.parameters()):  # a product's first call may time its paths over them
-        gen = decode_loop(model, input_ids, max_new_tokens, attention_mask, eos, pick, stream)
+        gen = decode_loop(model, request.prompts, max_new_tokens, request.eos, pick, stream)
     return dataclasses.replace(gen, logits=logits_seen) if return_logits else gen
 
 
 def decode_loop(
     model: CausalLM,
-    input_ids: np.ndarray | torch.Tensor | Sequence[Sequence[int]],
+    prompts: Prompts,
     max_new_tokens: int,
-    attention_mask: np.ndarray | None,
     eos: tuple[int, ...],
     pick: Callable[[torch.Tensor], torch.Tensor],
     stream: Callable[[int, np.ndarray], None] | None,
@@ -103,9 +107,6 @@ def decode_loop(
     """The prefill and decode loop of `generate` (call it under inference_mode). `model(ids, ...)` returns the
     last position's scores [B, 1, V] (or this rank's vocabulary shard) and `pick` turns them into the next
     token ids [B]; the cache is sized by the model's `module_spec` (a rank's holds its local kv heads)."""
-    if torch.is_tensor(input_ids):
-        input_ids = input_ids.cpu().numpy()
-    prompts = prepare_prompts(input_ids, model.spec, max_new_tokens, attention_mask)
     weight = model.model.embed_tokens.weight
     device = weight.device
     batch, prompt_len = prompts.ids.shape

@@ -19,6 +19,8 @@ V = DEFAULT_SPEC.vocab_size
         (np.array([[True]]), "dtype bool"),
         (np.array([1, 2, 3]), "rank 1"),
         (np.zeros((1, 0), np.int64), "empty"),
+        ([], "input_ids is empty (shape [0])"),  # numpy makes it float64: the emptiness is the fault to name
+        ([[]], "input_ids is empty (shape [1, 0])"),
         (np.zeros((1, DEFAULT_SPEC.max_position_embeddings + 1), np.int64), "max_position_embeddings=512"),
     ],
 )

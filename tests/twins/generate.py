@@ -121,6 +121,8 @@ class GenerateTwin:
             (dict(eos_token_ids=263), "eos_token_ids: 263 is outside the vocabulary [0, 263)"),
             (dict(eos_token_ids=(2**40,)), f"eos_token_ids: {2**40} is outside the vocabulary"),
             (dict(eos_token_ids="7"), "must be a token id or a sequence of them"),
+            (dict(ids=[], eos_token_ids=263), "input_ids is empty"),  # the prompts before the EOS ids, in both
+            (dict(ids=[[1, 2, 999]], top_k=0), "top_k must be a positive integer"),  # the sampling before the prompts
         ],
     )
     def test_bad_requests(self, model, kwargs, needle):

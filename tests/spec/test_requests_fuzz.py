@@ -1,0 +1,144 @@
+"""Property-based tests of a generation request at its boundaries, through both backends' `generate` and forward
+(spec/generation.py and spec/inputs.py validate for both): every request drawn, hostile values included (ids outside
+the vocabulary or not integers, empty or ragged rows, masks of the wrong shape or right-padded, temperatures below
+float32's smallest normal, NaN, EOS ids the model cannot produce), is either refused by both backends with the same
+InputError or run by both to tokens of the vocabulary, greedy ones the same up to a near-tie. Never another
+exception, never one backend alone: the class of bug a boundary hunt found seven of (one backend crashing on a
+one-token prompt, a request using the last position refused, bad EOS ids and temperatures let through).
+
+Drawn with a fixed seed (`derandomize`), so that CI runs the same requests on every machine: about 100 requests, a
+fifth of them run, the rest refused before anything compiles (`--hypothesis-show-statistics` counts them by the
+name each refusal starts with), and 40 forwards; about 10 s in all. The first run found the backends validating in
+different orders (a request with bad prompts and bad EOS ids: torch named the EOS ids, jax the prompts), now one
+order for both (spec/generation.py's `check_request`), and `[]` refused as a float64 array rather than as empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from spec import DEFAULT_SPEC, InputError
+from tests.backends import BACKENDS, load, package, run
+from tests.greedy import assert_same_greedy
+
+SETTINGS = dict(
+    deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+V = DEFAULT_SPEC.vocab_size
+MAX_POS = DEFAULT_SPEC.max_position_embeddings
+# The values where a check has an edge: both ends of the vocabulary and one step past each, integers too large for
+# int32, and what is not an integer id at all.
+IDS = st.sampled_from([0, 1, 7, V - 1, V, -1, 2**31, 2**63 - 1, 2.0, True])
+FP32_GREEDY_REL = 1e-5  # float32 logits of the two backends: tests/twins/generate.py's FP32_REL
+
+
+@pytest.fixture(scope="module")
+def models(default_dir) -> dict[str, Any]:
+    return {backend: load(backend, default_dir) for backend in BACKENDS}
+
+
+@st.composite
+def prompts(draw) -> Any:
+    """Ids as a caller might pass them: a rectangular array (of several dtypes), equal rows as lists, ragged rows,
+    none at all; mostly valid, sometimes hostile."""
+    rows = draw(st.integers(0, 3))
+    valid = draw(st.booleans())
+    value = st.integers(0, V - 1) if valid else IDS
+    lengths = draw(st.lists(st.integers(0 if not valid else 1, 5), min_size=rows, max_size=rows))
+    ragged = [draw(st.lists(value, min_size=n, max_size=n)) for n in lengths]
+    kind = draw(st.sampled_from(["array", "lists", "ragged"]))
+    if kind == "ragged" or not ragged:
+        return ragged
+    width = min(lengths)
+    square = [row[:width] for row in ragged]
+    if kind == "lists":
+        return square
+    dtype = draw(st.sampled_from([np.int64, np.int32, np.float32] if valid else [np.int64, np.float64, object]))
+    return np.array(square, dtype=dtype) if rows else np.zeros((0, width), np.int64)
+
+
+@st.composite
+def requests(draw) -> tuple[Any, Any, dict[str, Any]]:
+    ids = draw(prompts())
+    new = draw(st.sampled_from([1, 2, 3, 4] * 2 + [0, -1, 1.0, True, MAX_POS]))  # mostly valid, every edge
+    kwargs: dict[str, Any] = {}
+    if draw(st.booleans()) and isinstance(ids, np.ndarray) and ids.ndim == 2:
+        b, t = ids.shape
+        shape = draw(st.sampled_from([(b, t), (b, t + 1), (t,)]))
+        mask = np.ones(shape, np.int64)
+        if len(shape) == 2 and t > 1 and b:
+            pad = draw(st.integers(0, t - 1))
+            side = draw(st.sampled_from(["left", "right"]))
+            mask[0, :pad] = 0 if side == "left" else 1
+            if side == "right" and pad:
+                mask[0, -pad:] = 0
+        kwargs["attention_mask"] = mask
+    sampling = draw(st.sampled_from(["greedy", "sampled", "hostile"]))
+    if sampling == "sampled":
+        kwargs.update(temperature=draw(st.sampled_from([0.7, 1.0, 2.0])), seed=draw(st.integers(0, 3)))
+        kwargs["top_k"] = draw(st.sampled_from([None, 1, 5, V + 3]))
+        kwargs["top_p"] = draw(st.sampled_from([None, 0.5, 1.0]))
+    elif sampling == "hostile":
+        kwargs.update(
+            temperature=draw(st.sampled_from([-1.0, 1e-45, float("nan"), float("inf"), 0.0])),
+            top_k=draw(st.sampled_from([None, 0, -1, 2.5])),
+            top_p=draw(st.sampled_from([None, 0.0, 1.5, float("nan")])),
+            seed=draw(st.sampled_from([0, -1, 2**64, 1.5])),
+        )
+    kwargs["eos_token_ids"] = draw(st.sampled_from([(), (), 3, (1, 2), None, V, -1, (0, V), "3"]))
+    return ids, new, kwargs
+
+
+def outcome(backend: str, model: Any, ids: Any, new: Any, kwargs: dict[str, Any]) -> tuple[str, Any]:
+    """("refused", the message) for an InputError; ("ran", the generation) otherwise. Any other exception escapes:
+    a crash is what this test exists to find."""
+    try:
+        return "ran", package(backend).generate(model, ids, new, return_logits=True, **kwargs)
+    except InputError as e:
+        return "refused", str(e)
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(request=requests())
+def test_both_backends_refuse_or_run_every_request_alike(models, request):
+    ids, new, kwargs = request
+    got = {backend: outcome(backend, model, ids, new, kwargs) for backend, model in models.items()}
+    (torch_kind, torch_value), (jax_kind, jax_value) = got["torch"], got["jax"]
+    assert torch_kind == jax_kind, got
+    event(torch_kind if torch_kind == "ran" else torch_value.split(" ")[0])
+    if torch_kind == "refused":
+        assert torch_value == jax_value
+        return
+    rows = len(ids)
+    for generation in (torch_value, jax_value):
+        assert len(generation.tokens) == rows
+        for row in generation.tokens:
+            assert 1 <= len(row) <= new and all(0 <= t < V for t in row), row
+    if kwargs.get("temperature", 0.0) == 0.0:
+        assert_same_greedy(
+            {"torch": torch_value.tokens, "jax": jax_value.tokens}, torch_value.logits, rel=FP32_GREEDY_REL
+        )
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(ids=prompts())
+def test_both_forwards_refuse_or_run_the_same_ids(models, ids):
+    """A forward over ids: refused by both with the same InputError, or logits of [B, T, V] from both that agree."""
+    got = {}
+    for backend, model in models.items():
+        try:
+            got[backend] = ("ran", run(model, ids))
+        except InputError as e:
+            got[backend] = ("refused", str(e))
+    assert got["torch"][0] == got["jax"][0], got
+    if got["torch"][0] == "refused":
+        assert got["torch"][1] == got["jax"][1]
+        return
+    torch_logits, jax_logits = got["torch"][1], got["jax"][1]
+    assert torch_logits.shape == jax_logits.shape == (*np.shape(ids), V)
+    assert np.abs(torch_logits - jax_logits).max() <= FP32_GREEDY_REL * np.abs(torch_logits).max()

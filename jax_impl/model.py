@@ -236,10 +236,10 @@ class CausalLM(nnx.Module):
         ids = check_token_ids(input_ids, self.spec)  # the checks both backends share (spec/inputs.py)
         b, t = ids.shape
         key_valid = np.ones((b, t), bool) if attention_mask is None else check_attention_mask(attention_mask, b, t)
-        forced = check_routing(routing, self.spec, b, t)
-        graphdef, state = nnx.split(self)
         if positions is not None:
             positions = jnp.asarray(check_positions(positions, self.spec, b, t), jnp.int32)
+        forced = check_routing(routing, self.spec, b, t)  # the checks in torch_impl's order, so either names one fault
+        graphdef, state = nnx.split(self)
         # A sharded model runs under the mesh its parameters live on (its shard_maps need one: expert_parallel.py)
         mesh = self.model.embed_tokens.weight[...].sharding.mesh if self.layout.tp > 1 or self.ep > 1 else None
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():

@@ -1,7 +1,8 @@
 """What a pin decides for a dense layer's one-call decode step, the rule torch_impl/layer_choice.py and
 jax_impl/layer_choice.py share (framework-neutral): products pinned to another path than the kernel keep the
 layer's operators, which run that path; products pinned to the kernel take the call, which computes exactly those
-products; a pin of the layer's own choice is taken as it is. Otherwise (None) the layer's measured choice decides.
+products; a pin of the layer's own choice is taken as it is. Otherwise (None) the layer's own choice decides: timed
+in torch_impl, a rule in jax_impl.
 """
 
 from __future__ import annotations

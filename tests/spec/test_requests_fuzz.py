@@ -46,8 +46,8 @@ def models(default_dir) -> dict[str, Any]:
 def prompts(draw) -> Any:
     """Ids as a caller might pass them: a rectangular array (of several dtypes), equal rows as lists, ragged rows,
     none at all; mostly valid, sometimes hostile."""
-    rows = draw(st.integers(0, 3))
-    valid = draw(st.booleans())
+    rows = draw(st.sampled_from([1, 2, 3] * 2 + [0]))
+    valid = draw(st.integers(0, 3)) > 0  # three in four: a refused prompt hides every later check
     value = st.integers(0, V - 1) if valid else IDS
     lengths = draw(st.lists(st.integers(0 if not valid else 1, 5), min_size=rows, max_size=rows))
     ragged = [draw(st.lists(value, min_size=n, max_size=n)) for n in lengths]
@@ -125,20 +125,44 @@ def test_both_backends_refuse_or_run_every_request_alike(models, request):
         )
 
 
-@settings(max_examples=40, **SETTINGS)
-@given(ids=prompts())
-def test_both_forwards_refuse_or_run_the_same_ids(models, ids):
-    """A forward over ids: refused by both with the same InputError, or logits of [B, T, V] from both that agree."""
+@st.composite
+def forwards(draw) -> tuple[Any, dict[str, Any]]:
+    """Ids with the forward's other inputs, each sometimes hostile: a mask (the wrong shape, a row of padding only),
+    positions (beyond the RoPE table, negative, the wrong shape, not integers), routing (a dense model has none)."""
+    ids = draw(prompts())
+    kwargs: dict[str, Any] = {}
+    b, t = np.shape(ids) if isinstance(ids, np.ndarray) and ids.ndim == 2 else (1, 1)
+    if draw(st.booleans()):
+        mask = np.ones(draw(st.sampled_from([(b, t), (b, t + 1), (t,)])), np.int64)
+        if mask.ndim == 2 and mask.size and draw(st.booleans()):
+            mask[0] = 0
+        kwargs["attention_mask"] = mask
+    if draw(st.booleans()):
+        value = draw(st.sampled_from([0, 3, MAX_POS - 1, MAX_POS, -1]))
+        shape = draw(st.sampled_from([(b, t), (b, t + 1), (t,)]))
+        kwargs["positions"] = np.full(shape, value, draw(st.sampled_from([np.int64, np.int32, np.float32])))
+    if draw(st.integers(0, 2)) == 0:
+        kwargs["routing"] = {0: np.zeros((b, t, 2), np.int64)}
+    return ids, kwargs
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(forward=forwards())
+def test_both_forwards_refuse_or_run_the_same_inputs(models, forward):
+    """A forward: refused by both with the same InputError, or logits of [B, T, V] from both that agree."""
+    ids, kwargs = forward
     got = {}
     for backend, model in models.items():
         try:
-            got[backend] = ("ran", run(model, ids))
+            got[backend] = ("ran", run(model, ids, **kwargs))
         except InputError as e:
             got[backend] = ("refused", str(e))
     assert got["torch"][0] == got["jax"][0], got
+    event(got["torch"][0] if got["torch"][0] == "ran" else got["torch"][1].split(" ")[0])
     if got["torch"][0] == "refused":
         assert got["torch"][1] == got["jax"][1]
         return
     torch_logits, jax_logits = got["torch"][1], got["jax"][1]
     assert torch_logits.shape == jax_logits.shape == (*np.shape(ids), V)
+    assert np.isfinite(torch_logits).all() and np.isfinite(jax_logits).all()
     assert np.abs(torch_logits - jax_logits).max() <= FP32_GREEDY_REL * np.abs(torch_logits).max()

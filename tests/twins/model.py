@@ -110,6 +110,15 @@ class ModelTwin:
             run(model, ids)
         assert needle in str(err.value)
 
+    def test_several_faults_are_named_in_one_order(self, model):
+        """The ids, the mask, the positions, then the routing, in both backends: a call with several faults names the
+        same one in either (jax_impl once checked the routing before the positions)."""
+        routing = {0: np.zeros((1, 3, 2), np.int64)}  # a dense layer takes none
+        with pytest.raises(InputError, match=r"positions\[0, 0\] = 512 is outside"):
+            run(model, [[1, 2, 3]], positions=np.full((1, 3), 512), routing=routing)
+        with pytest.raises(InputError, match="attention_mask has shape"):
+            run(model, [[1, 2, 3]], attention_mask=np.ones((1, 2)), positions=np.full((1, 3), 512))
+
     def test_bad_attention_mask_shape(self, model):
         with pytest.raises(InputError, match=r"attention_mask has shape \[1, 3\], expected \[1, 4\]"):
             run(model, [[1, 2, 3, 4]], attention_mask=np.ones((1, 3)))

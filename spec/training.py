@@ -25,7 +25,7 @@ import numpy as np
 
 from spec.config import ModelSpec
 from spec.errors import InputError
-from spec.inputs import check_attention_mask, check_token_ids
+from spec.inputs import as_host_array, check_attention_mask, check_token_ids
 from spec.parallel import ShardLayout, gather_shards, shard_of
 from spec.params import EMBEDDING, LINEAR, param_table, runtime_groups
 
@@ -103,7 +103,7 @@ def check_labels(
         raise InputError(f"a next-token loss needs at least 2 tokens per row, got input_ids of shape {list(ids.shape)}")
     if labels is None:
         labels = ids
-    labels = np.asarray(labels)
+    labels = as_host_array(labels, "labels")  # ragged rows and torch/JAX arrays too, each refused or read by name
     if labels.dtype.kind not in "iu":
         raise InputError(f"labels must be integers, got dtype {labels.dtype}")
     if labels.shape != ids.shape:

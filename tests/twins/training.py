@@ -130,3 +130,6 @@ class TrainingTwin:
             self.training.loss_and_grads(model, IDS, labels=np.full_like(IDS, -100))
         with pytest.raises(InputError, match="labels must be integers"):
             self.training.loss_and_grads(model, IDS, labels=IDS.astype(np.float32))
+        ragged = [list(IDS[0]), list(IDS[1, :5])]  # numpy's own error for these, before: not an InputError
+        with pytest.raises(InputError, match="labels must be a rectangular array"):
+            self.training.loss_and_grads(model, IDS, labels=ragged)

@@ -112,8 +112,20 @@ class TrainingTwin:
             (IDS.astype(np.float32), None, "input_ids must hold integer token ids, got dtype float32"),
             (np.where(IDS == 200, 300, IDS), None, r"input_ids\[0, 2\] = 300 is outside the vocabulary \[0, 263\)"),
             (IDS[:, :1], None, r"a next-token loss needs at least 2 tokens per row, got input_ids of shape \[2, 1\]"),
+            ([list(IDS[0]), list(IDS[1, :5])], None, "input_ids must be a rectangular array"),
         ],
-        ids=["mask-2", "mask-float", "mask-empty-row", "mask-shape", "mask-1d", "ids-1d", "ids-float", "id-300", "one"],
+        ids=[
+            "mask-2",
+            "mask-float",
+            "mask-empty-row",
+            "mask-shape",
+            "mask-1d",
+            "ids-1d",
+            "ids-float",
+            "id-300",
+            "one",
+            "ids-ragged",
+        ],  # fmt: skip
     )
     def test_bad_ids_and_masks_are_refused_before_the_labels(self, model, ids, mask, needle):
         with pytest.raises(InputError, match=needle):

@@ -118,7 +118,7 @@ class Layerwise:
     def __init__(self, path: str | Path, dtype: jnp.dtype | str = "float32", *, kernels: str = "reference"):
         self.directory = Path(path)
         self.spec = ModelSpec.from_pretrained(path)
-        self.dtype = DTYPES[dtype_name(dtype)] if isinstance(dtype, str) else dtype
+        self.dtype = DTYPES[dtype_name(dtype)]
         self.kernels = resolve_kernels(kernels, on_gpu=jax.default_backend() == "gpu")
         self._embedded = False
         self._structures: dict[tuple, tuple[nnx.GraphDef, nnx.State]] = {}  # abstract (graph, state) per piece

@@ -44,7 +44,7 @@ def from_pretrained(
     With a `mesh` (jax_impl/tensor_parallel.py) every parameter is placed shard by shard over its "model" axis,
     and stacked experts over its "expert" axis if it has one (jax_impl/expert_parallel.py).
     """
-    dtype = DTYPES[dtype_name(dtype)] if isinstance(dtype, str) else dtype
+    dtype = DTYPES[dtype_name(dtype)]
     spec = ModelSpec.from_pretrained(path)
     checkpoint = Checkpoint(path)
     checkpoint.validate(spec)  # from the headers, before any allocation: a config that claims 10**7 layers fails here

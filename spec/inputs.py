@@ -165,10 +165,25 @@ def check_routing(routing: Any, spec: ModelSpec, batch: int, length: int) -> dic
 
 
 def dtype_name(dtype: Any) -> str:
-    """One of DTYPE_NAMES, or an InputError naming the supported ones (instead of a KeyError)."""
-    if not isinstance(dtype, str) or dtype not in DTYPE_NAMES:
+    """One of DTYPE_NAMES, from its name or a framework's dtype of that name (torch.bfloat16, jnp.float16,
+    np.float32), or an InputError naming the supported ones: float64, None or anything else is refused by both
+    loaders alike, never loaded as it comes (torch took 1 for a device index)."""
+    name = dtype if isinstance(dtype, str) else _framework_dtype_name(dtype)
+    if name not in DTYPE_NAMES:
         raise InputError(f"dtype {dtype!r} is not supported (choose: {', '.join(DTYPE_NAMES)})")
-    return dtype
+    return name
+
+
+def _framework_dtype_name(dtype: Any) -> str | None:
+    text = str(dtype)
+    if text.startswith("torch."):  # torch.float32: no numpy dtype of its own
+        return text.removeprefix("torch.")
+    if dtype is None:
+        return None  # numpy reads None as float64
+    try:
+        return np.dtype(dtype).name  # numpy's and JAX's (ml_dtypes' bfloat16 included)
+    except TypeError:
+        return None
 
 
 def check_seed(seed: Any, name: str = "seed") -> int:

@@ -54,7 +54,7 @@ class Layerwise:
     ):
         self.directory = Path(path)
         self.spec = ModelSpec.from_pretrained(path)
-        self.dtype = DTYPES[dtype_name(dtype)] if isinstance(dtype, str) else dtype
+        self.dtype = DTYPES[dtype_name(dtype)]
         self.device = torch.device(device)
         self.kernels = resolve_kernels(kernels, on_gpu=torch.cuda.is_available())
         # inv_freq from the spec, as the loader sets it; one table per RoPE kind (Gemma 3's sliding layers)

@@ -55,7 +55,7 @@ def from_pretrained(
     tensor-parallel model over the group's ranks (torch_impl/tensor_parallel.py). With an `ep_group` it holds
     and reads only its expert-parallel rank's experts of each sparse layer (torch_impl/expert_parallel.py).
     """
-    dtype = DTYPES[dtype_name(dtype)] if isinstance(dtype, str) else dtype
+    dtype = DTYPES[dtype_name(dtype)]
     spec = ModelSpec.from_pretrained(path)
     checkpoint = Checkpoint(path)
     checkpoint.validate(spec)  # from the headers, before any allocation: a config that claims 10**7 layers fails here

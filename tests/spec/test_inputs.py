@@ -106,7 +106,8 @@ def test_dtype_names_and_seeds():
     from spec.inputs import check_seed
 
     assert dtype_name("bfloat16") == "bfloat16"
-    for bad in ("float64", "int8", "fp32", None):
+    assert dtype_name(np.float16) == "float16" and dtype_name(np.dtype("float32")) == "float32"  # a framework's dtype
+    for bad in ("float64", "int8", "fp32", None, np.float64, np.int32, 1, object()):
         with pytest.raises(InputError, match="is not supported \\(choose: float32, bfloat16, float16\\)"):
             dtype_name(bad)
     assert check_seed(2**63 - 1) == 2**63 - 1 and check_seed(np.uint8(3)) == 3

@@ -8,6 +8,7 @@ piece (building an RMSNorm layer); pytest collects the subclasses, never this mo
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import textwrap
@@ -118,6 +119,23 @@ class ModelTwin:
             run(model, [[1, 2, 3]], positions=np.full((1, 3), 512), routing=routing)
         with pytest.raises(InputError, match="attention_mask has shape"):
             run(model, [[1, 2, 3]], attention_mask=np.ones((1, 2)), positions=np.full((1, 3), 512))
+
+    @pytest.mark.parametrize(
+        ("dtype", "loaded"),
+        [("bfloat16", "bfloat16"), ("own-bfloat16", "bfloat16"), (np.float16, "float16"), ("bf16", None),
+         ("float64", None), (np.float64, None), (None, None), (1, None)],
+    )  # fmt: skip
+    def test_a_dtype_by_name_or_by_a_frameworks_dtype(self, default_dir, dtype, loaded):
+        """A supported dtype by name, as numpy's or as the backend's own framework's object of that name, loads in it;
+        anything else (float64, None, an int, which torch took for a device index) is refused by both loaders alike."""
+        if dtype == "own-bfloat16":  # torch.bfloat16 or jnp.bfloat16
+            dtype = importlib.import_module("torch" if self.backend == "torch" else "jax.numpy").bfloat16
+        if loaded is None:
+            with pytest.raises(InputError, match=r"is not supported \(choose: float32, bfloat16, float16\)"):
+                load(self.backend, default_dir, dtype)
+            return
+        weight = load(self.backend, default_dir, dtype).model.embed_tokens.weight
+        assert str(weight.dtype).removeprefix("torch.") == loaded
 
     def test_bad_attention_mask_shape(self, model):
         with pytest.raises(InputError, match=r"attention_mask has shape \[1, 3\], expected \[1, 4\]"):

@@ -59,7 +59,7 @@ def prompts(draw) -> Any:
     if kind == "lists":
         return square
     dtype = draw(st.sampled_from([np.int64, np.int32, np.float32] if valid else [np.int64, np.float64, object]))
-    return np.array(square, dtype=dtype) if rows else np.zeros((0, width), np.int64)
+    return np.array(square, dtype=dtype)
 
 
 @st.composite

@@ -63,7 +63,8 @@ class Checkpoint:
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
         if not self.directory.is_dir():
-            raise CheckpointError(f"checkpoint directory {self.directory} does not exist")
+            what = "is a file, not the checkpoint's directory" if self.directory.exists() else "does not exist"
+            raise CheckpointError(f"checkpoint directory {self.directory} {what}")
         self._files: dict[str, SafetensorsFile] = {}
         self._where: dict[str, SafetensorsFile] = {}
         self._validated: ModelSpec | None = None

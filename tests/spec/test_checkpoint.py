@@ -132,6 +132,9 @@ def test_pickled_checkpoints_are_refused(tmp_path):
 def test_missing_directory_and_missing_shard(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         Checkpoint(tmp_path / "nope")
+    (tmp_path / "config.json").write_text("{}")  # a file given where the directory belongs: named as such
+    with pytest.raises(CheckpointError, match="config.json is a file, not the checkpoint's directory"):
+        Checkpoint(tmp_path / "config.json")
     write_checkpoint(tmp_path, SPEC, random_weights(SPEC), max_shard_bytes=40_000)
     next(tmp_path.glob("model-00002-*.safetensors")).unlink()
     with pytest.raises(CheckpointError, match="shard 'model-00002-of-.*missing"):

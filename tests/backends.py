@@ -8,6 +8,7 @@ model object itself (generation, keyword arguments of the forward, attributes of
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,3 +51,21 @@ def run(model: Any, ids: Any, **kwargs: Any) -> np.ndarray:
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     """max |a - b| relative to the largest magnitude of the reference b."""
     return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def both_outcomes(call: Callable[[str], Any]) -> tuple[str, Any, Any]:
+    """`call(backend)` for both backends: ("refused", torch's message, jax's) where both raised an InputError with
+    the same message, else ("ran", torch's result, jax's). One backend refusing alone, two messages, or any other
+    exception fails the calling test: the twins must treat every input alike."""
+    from spec import InputError
+
+    got = {}
+    for backend in BACKENDS:
+        try:
+            got[backend] = ("ran", call(backend))
+        except InputError as e:
+            got[backend] = ("refused", str(e))
+    (kind, torch_value), (jax_kind, jax_value) = got["torch"], got["jax"]
+    assert kind == jax_kind, got
+    assert kind == "ran" or torch_value == jax_value, got
+    return kind, torch_value, jax_value

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from spec import DEFAULT_SPEC, InputError
-from tests.backends import BACKENDS, load, package, run
+from spec import DEFAULT_SPEC
+from tests.backends import BACKENDS, both_outcomes, load, package, run
 from tests.greedy import assert_same_greedy
 
 SETTINGS = dict(
@@ -94,25 +94,15 @@ def requests(draw) -> tuple[Any, Any, dict[str, Any]]:
     return ids, new, kwargs
 
 
-def outcome(backend: str, model: Any, ids: Any, new: Any, kwargs: dict[str, Any]) -> tuple[str, Any]:
-    """("refused", the message) for an InputError; ("ran", the generation) otherwise. Any other exception escapes:
-    a crash is what this test exists to find."""
-    try:
-        return "ran", package(backend).generate(model, ids, new, return_logits=True, **kwargs)
-    except InputError as e:
-        return "refused", str(e)
-
-
 @settings(max_examples=80, **SETTINGS)
 @given(request=requests())
 def test_both_backends_refuse_or_run_every_request_alike(models, request):
     ids, new, kwargs = request
-    got = {backend: outcome(backend, model, ids, new, kwargs) for backend, model in models.items()}
-    (torch_kind, torch_value), (jax_kind, jax_value) = got["torch"], got["jax"]
-    assert torch_kind == jax_kind, got
-    event(torch_kind if torch_kind == "ran" else torch_value.split(" ")[0])
-    if torch_kind == "refused":
-        assert torch_value == jax_value
+    kind, torch_value, jax_value = both_outcomes(
+        lambda backend: package(backend).generate(models[backend], ids, new, return_logits=True, **kwargs)
+    )
+    event(kind if kind == "ran" else torch_value.split(" ")[0])
+    if kind == "refused":
         return
     rows = len(ids)
     for generation in (torch_value, jax_value):
@@ -151,18 +141,10 @@ def forwards(draw) -> tuple[Any, dict[str, Any]]:
 def test_both_forwards_refuse_or_run_the_same_inputs(models, forward):
     """A forward: refused by both with the same InputError, or logits of [B, T, V] from both that agree."""
     ids, kwargs = forward
-    got = {}
-    for backend, model in models.items():
-        try:
-            got[backend] = ("ran", run(model, ids, **kwargs))
-        except InputError as e:
-            got[backend] = ("refused", str(e))
-    assert got["torch"][0] == got["jax"][0], got
-    event(got["torch"][0] if got["torch"][0] == "ran" else got["torch"][1].split(" ")[0])
-    if got["torch"][0] == "refused":
-        assert got["torch"][1] == got["jax"][1]
+    kind, torch_logits, jax_logits = both_outcomes(lambda backend: run(models[backend], ids, **kwargs))
+    event(kind if kind == "ran" else torch_logits.split(" ")[0])
+    if kind == "refused":
         return
-    torch_logits, jax_logits = got["torch"][1], got["jax"][1]
     assert torch_logits.shape == jax_logits.shape == (*np.shape(ids), V)
     assert np.isfinite(torch_logits).all() and np.isfinite(jax_logits).all()
     assert np.abs(torch_logits - jax_logits).max() <= FP32_GREEDY_REL * np.abs(torch_logits).max()

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from spec import DEFAULT_SPEC, InputError
-from tests.backends import BACKENDS, load
+from spec import DEFAULT_SPEC
+from tests.backends import BACKENDS, both_outcomes, load
 
 SETTINGS = dict(
     deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -76,16 +76,8 @@ def batches(draw) -> tuple[Any, dict[str, Any]]:
 @given(batch=batches())
 def test_both_backends_refuse_or_agree_on_every_batch(losses, batch):
     ids, kwargs = batch
-    got = {}
-    for backend, loss in losses.items():
-        try:
-            got[backend] = ("ran", loss(ids, **kwargs))
-        except InputError as e:
-            got[backend] = ("refused", str(e))
-    assert got["torch"][0] == got["jax"][0], got
-    event(got["torch"][0] if got["torch"][0] == "ran" else got["torch"][1].split(" ")[0])
-    if got["torch"][0] == "refused":
-        assert got["torch"][1] == got["jax"][1]
+    kind, torch_loss, jax_loss = both_outcomes(lambda backend: losses[backend](ids, **kwargs))
+    event(kind if kind == "ran" else torch_loss.split(" ")[0])
+    if kind == "refused":
         return
-    torch_loss, jax_loss = got["torch"][1], got["jax"][1]
-    assert np.isfinite(torch_loss) and abs(torch_loss - jax_loss) <= LOSS_REL * abs(torch_loss), got
+    assert np.isfinite(torch_loss) and abs(torch_loss - jax_loss) <= LOSS_REL * abs(torch_loss), (torch_loss, jax_loss)

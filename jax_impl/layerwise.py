@@ -193,7 +193,10 @@ class Layerwise:
         `routing`: per input, this (sparse) layer's teacher-forced expert ids [B, T, k] or None (jax_impl/moe.py;
         checked as CausalLM checks them)."""
         if not self._embedded:
-            raise InputError("run_layer before embed: a streamed forward starts with embed(ids)")
+            raise InputError(
+                "run_layer before embed: a streamed forward starts with embed(ids), which sets the batch's positions "
+                "and mask"
+            )
         sparse = self.spec.is_sparse(index)  # built as layer 0 with layer index's MLP: a dense or a sparse block
         as_layer0 = self.spec
         if self.spec.num_experts:

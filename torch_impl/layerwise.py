@@ -126,7 +126,10 @@ class Layerwise:
     def run_layer(self, index: int, inputs: Sequence[Boundary], traces: Sequence[Trace]) -> list[Boundary]:
         """Load decoder layer `index`, run it on each input (recording into the matching trace), drop it."""
         if self._rope is None:
-            raise InputError("run_layer before embed: the batch's positions and mask come from embed(ids)")
+            raise InputError(
+                "run_layer before embed: a streamed forward starts with embed(ids), which sets the batch's positions "
+                "and mask"
+            )
         layer = self._build(
             lambda: decoder_layer(self.spec, index, kernels=self.kernels),
             layer_params(self.directory, self.spec, index),

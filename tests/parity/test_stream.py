@@ -8,6 +8,7 @@ head's table read in 3 blocks (spec/layerwise.py) so that block boundaries are c
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import json
 import shutil
@@ -277,3 +278,10 @@ def test_progress_on_a_terminal_names_layer_framework_and_time_left(monkeypatch)
     silent.piece_done(0)
     silent.close()
     assert quiet.getvalue() == "" and said == []
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_a_layer_before_embed_is_refused_alike(default_dir, backend):
+    layerwise = importlib.import_module(f"{backend}_impl.layerwise").Layerwise(default_dir)
+    with pytest.raises(InputError, match=r"^run_layer before embed: a streamed forward starts with embed\(ids\), "):
+        layerwise.run_layer(0, [], [])

@@ -126,7 +126,6 @@ def test_reference_hf_streamed_refuses_the_families_it_does_not_build(hf_checkpo
 def _swap_gate_up_in_layer(backend: str, mp: pytest.MonkeyPatch) -> None:
     """gate_up_order_swapped (tests/parity/mutants.py), in layer MUTATED only: its checkpoint gate and up read in
     the wrong order, as a port's loader gets one layer wrong."""
-    import importlib
 
     layerwise = importlib.import_module(f"{backend}_impl.layerwise")
     original = layerwise.layer_params

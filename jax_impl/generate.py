@@ -214,9 +214,7 @@ def generate(
     computed and dropped). With the `mesh` a sharded model was loaded on, the steps run with explicit shardings and
     greedy decoding never gathers the vocabulary.
     """
-    if isinstance(input_ids, jax.Array):
-        input_ids = np.asarray(input_ids)
-    request = check_request(
+    request = check_request(  # any framework's arrays: spec/inputs.py reads them on the host
         model.spec, input_ids, max_new_tokens, attention_mask, eos_token_ids, model.eos_token_ids,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
     )  # fmt: skip

@@ -21,11 +21,10 @@ from jax_impl.model import CausalLM, attention_masks, default_positions
 from jax_impl.optimizer import make_optimizer, runtime_key, sum_replicated_blocks, torch_like_clip
 from jax_impl.tensor_parallel import on_mesh
 from jax_impl.vocab_parallel import vocab_parallel_cross_entropy
-from spec import InputError, check_token_ids
-from spec.inputs import check_attention_mask
+from spec import InputError
 from spec.parallel import split_axis
 from spec.params import LINEAR, runtime_groups
-from spec.training import IGNORE_INDEX, AdamW, check_labels, gather_checkpoint_grads
+from spec.training import IGNORE_INDEX, AdamW, check_batch, gather_checkpoint_grads
 
 
 @jax.custom_vjp
@@ -83,10 +82,8 @@ def _value_and_grad(graphdef, params, rest, ids, key_valid, labels):
 
 
 def _batch(model: CausalLM, input_ids, labels, attention_mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    ids = check_token_ids(input_ids, model.spec)
-    counted = check_labels(labels, ids, model.spec, attention_mask)
-    key_valid = np.ones(ids.shape, bool) if attention_mask is None else check_attention_mask(attention_mask, *ids.shape)
-    return ids.astype(np.int32), key_valid, counted.astype(np.int32)
+    batch = check_batch(input_ids, labels, model.spec, attention_mask)
+    return batch.ids.astype(np.int32), batch.mask, batch.labels.astype(np.int32)
 
 
 def _checkpoint_layout(model: CausalLM, state: nnx.State, *, sum_replicas: bool = True) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ import numpy as np
 from parity.hf_reference import load_hf
 from spec import ModelSpec
 from spec.params import param_table
-from spec.training import AdamW, check_labels, decays
+from spec.training import AdamW, check_batch, decays
 
 # transformers 5 renames some tensors between the file and the module (a WeightRenaming applied at load and
 # reversed at save): in memory GPT-NeoX's head is `lm_head`, in the checkpoint `embed_out`; Mixtral's router
@@ -68,9 +68,8 @@ def _unique(named: dict[str, tuple]) -> dict[str, object]:
 def _batch(model_spec: ModelSpec, ids: np.ndarray, labels, attention_mask):
     import torch
 
-    ids = np.asarray(ids)
-    mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask).astype(np.int64)
-    counted = check_labels(labels, ids, model_spec, attention_mask)
+    batch = check_batch(ids, labels, model_spec, attention_mask)
+    ids, mask, counted = batch.ids, batch.mask.astype(np.int64), batch.labels
     positions = np.maximum(np.cumsum(mask, axis=-1) - 1, 0)
     as_long = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.long)  # noqa: E731
     return {

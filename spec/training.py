@@ -87,18 +87,40 @@ def shift_invariant_elements(spec: ModelSpec, name: str, shape: tuple[int, ...])
     return None
 
 
+@dataclass(frozen=True)
+class Batch:
+    """A training batch, checked: ids int64 [B, T], the mask bool [B, T] (all True where none was given) and the
+    labels the loss counts (`check_batch`)."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    labels: np.ndarray
+
+
+def check_batch(
+    ids: np.ndarray, labels: np.ndarray | None, spec: ModelSpec, attention_mask: np.ndarray | None = None
+) -> Batch:
+    """Every training entry point's one check of its batch (both backends' and the transformers reference's).
+
+    The ids and the mask first (spec/inputs.py), then refuses rows too short to predict a next token, labels of a
+    wrong shape, a label outside [0, V) other than -100, and a batch in which no token is counted (after the shift),
+    naming the value. The labels the loss counts are int64 [B, T]: the ids by default, -100 where not counted
+    (padding too).
+    """
+    ids = check_token_ids(ids, spec)
+    mask = None if attention_mask is None else check_attention_mask(attention_mask, *ids.shape)
+    return Batch(ids, np.ones(ids.shape, bool) if mask is None else mask, _counted(labels, ids, spec, mask))
+
+
 def check_labels(
     labels: np.ndarray | None, ids: np.ndarray, spec: ModelSpec, attention_mask: np.ndarray | None = None
 ) -> np.ndarray:
-    """The labels the loss counts, int64 [B, T]: the ids by default, -100 where not counted (padding too).
+    """`check_batch`'s labels alone."""
+    return check_batch(ids, labels, spec, attention_mask).labels
 
-    Checks the ids and the mask first (spec/inputs.py), then refuses rows too short to predict a next token, a wrong
-    shape, a label outside [0, V) other than -100, and a batch in which no token is counted (after the shift), naming
-    the value.
-    """
-    ids = check_token_ids(ids, spec)
-    if attention_mask is not None:
-        attention_mask = check_attention_mask(attention_mask, *ids.shape)
+
+def _counted(labels: np.ndarray | None, ids: np.ndarray, spec: ModelSpec, attention_mask: np.ndarray | None
+             ) -> np.ndarray:  # fmt: skip
     if ids.shape[1] < 2:
         raise InputError(f"a next-token loss needs at least 2 tokens per row, got input_ids of shape {list(ids.shape)}")
     if labels is None:
@@ -117,7 +139,7 @@ def check_labels(
             f"and is not {IGNORE_INDEX}"
         )
     if attention_mask is not None:  # a padded position is neither predicted nor predicts (its state is not a token's)
-        real = attention_mask
+        real = attention_mask  # checked: bool [B, T]
         labels = np.where(real, labels, IGNORE_INDEX)
         labels[:, 1:] = np.where(real[:, :-1], labels[:, 1:], IGNORE_INDEX)
     if not (labels[:, 1:] != IGNORE_INDEX).any():
@@ -179,7 +201,9 @@ def backward_order(spec: ModelSpec) -> list[str]:
 __all__ = [
     "IGNORE_INDEX",
     "AdamW",
+    "Batch",
     "backward_order",
+    "check_batch",
     "check_labels",
     "checkpoint_grads",
     "decays",

@@ -65,9 +65,7 @@ def generate(
 
     `stream(step, tokens[B])` is called as each token is produced.
     """
-    if torch.is_tensor(input_ids):
-        input_ids = input_ids.cpu().numpy()
-    request = check_request(
+    request = check_request(  # any framework's arrays: spec/inputs.py reads them on the host
         model.spec, input_ids, max_new_tokens, attention_mask, eos_token_ids, model.eos_token_ids,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
     )  # fmt: skip

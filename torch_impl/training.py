@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from spec import InputError, check_token_ids
-from spec.training import IGNORE_INDEX, AdamW, check_labels, checkpoint_grads, gather_checkpoint_grads
+from spec import InputError
+from spec.training import IGNORE_INDEX, AdamW, check_batch, checkpoint_grads, gather_checkpoint_grads
 from torch_impl.model import CausalLM
 from torch_impl.optimizer import clip_grad_norm, make_optimizer, runtime_names, sum_replicated_blocks
 from torch_impl.vocab_parallel import VocabParallelCrossEntropy
@@ -90,10 +90,9 @@ def loss(
     attention_mask: np.ndarray | None = None,
 ) -> torch.Tensor:
     """The differentiable loss (a float32 scalar tensor) of one batch; see spec/training.py for the labels."""
-    ids = check_token_ids(input_ids, model.spec)  # as jax_impl's: ragged or non-integer ids named, not numpy's error
-    counted = check_labels(labels, ids, model.spec, attention_mask)
-    logits = model(ids, attention_mask=attention_mask)  # [B, T, V] in the model's dtype (tp > 1: V / tp)
-    return cross_entropy(logits, torch.as_tensor(counted, device=logits.device), model)
+    batch = check_batch(input_ids, labels, model.spec, attention_mask)
+    logits = model(batch.ids, attention_mask=attention_mask)  # [B, T, V] in the model's dtype (tp > 1: V / tp)
+    return cross_entropy(logits, torch.as_tensor(batch.labels, device=logits.device), model)
 
 
 def loss_and_grads(

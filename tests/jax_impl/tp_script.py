@@ -99,10 +99,11 @@ def main(directory: str, tp: int, dp: int) -> dict:
 
     from jax_impl import training
     from jax_impl.vocab_parallel import DATA
+    from spec.training import check_labels
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     rows = NamedSharding(mesh, P(DATA, None))
-    labels = training.check_labels(None, ids, spec)
+    labels = check_labels(None, ids, spec)
     with jax.set_mesh(mesh):
         batch = [jax.device_put(a, rows) for a in (ids.astype(np.int32), np.ones(ids.shape, bool), labels)]
         grad_hlo = training._value_and_grad.lower(graphdef, params, rest, *batch).compile().as_text()

@@ -86,8 +86,8 @@ def measure(path: Path, stream: bool, seq_len: int) -> dict:
 
 def whole_fits(path: Path, seq_len: int) -> tuple[bool, float, float]:
     """(fits, estimated GiB, available GiB) for the whole-model check, as `check` decides on its own."""
-    from parity.api import validate_request
     from parity.memory import available_bytes, whole_check_bytes
+    from parity.request import validate_request
 
     request = validate_request(path, "bfloat16", "reference", None, None, None, seq_len, None, 0, None, 1)
     need, have = whole_check_bytes(request), available_bytes() or 0

@@ -25,11 +25,13 @@ set -u
 
 BUDGET_S=480                                # the whole script, GPU start-up included: 8 minutes
 BENCH_MAX_S=170                             # benchmarks/kernels.py's share, at most
+out_json=${1:-${OUT:+$OUT/gpu_check.json}}
+out_json=$(realpath -m "${out_json:-gpu_check.json}")  # against the caller's directory, before the cd
 cd "$(dirname "$0")/.." || exit 2
 root=$(pwd)
-out_json=${1:-${OUT:+$OUT/gpu_check.json}}
-out_json=${out_json:-gpu_check.json}
-python=${PYTHON:-python}
+# python3 first: on the GPU machines' image a plain `python3` is the interpreter that holds torch, triton and JAX.
+python=${PYTHON:-$(command -v python3 || command -v python)}
+[ -n "$python" ] || { echo "gpu_check: no python3 or python on PATH (or set PYTHON)" >&2; exit 2; }
 start=$(date +%s)
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"

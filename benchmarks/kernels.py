@@ -22,7 +22,8 @@ benchmarks/kernels_jax.py (each framework's cases and sweep), benchmarks/kernel_
 records, the sweep loop, the floors, the JSON); benchmarks/gpu_report.py reads the JSON back for gpu_check.sh.
 
 Without a GPU it says so and exits 0 (2 with --require-gpu): interpret-mode (CPU) timings would measure the
-interpreter, not the kernels.
+interpreter, not the kernels. A framework whose sweep fails is named in the JSON's "skipped" with its error, the
+other still measured, and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, wanted, found in (("torch", "torch", run_torch), ("jax", "jax", run_jax)):
         if args.framework in (wanted, "both") and not found:
             out["skipped"][name] = "no GPU visible to it"
+    failed = False
     try:
-        if run_torch:
-            bench_torch(args, out)
-        if run_jax:
-            bench_jax(args, out)
+        for name, bench, run in (("torch", bench_torch, run_torch), ("jax", bench_jax, run_jax)):
+            if not run:
+                continue
+            try:
+                bench(args, out)
+            except Exception as err:  # one framework's failure (a compile, a CUDA error) leaves the other's figures
+                failed = True
+                traceback.print_exc()
+                out["skipped"][name] = f"failed: {type(err).__name__}: {err}"
+                print(f"{name}: FAILED ({type(err).__name__}: {err}); its figures so far are kept, the rest is missing")
     except KeyboardInterrupt:  # gpu_check.sh's time budget (SIGINT): the floors of what was measured, and the JSON
         print("interrupted: the floors below are evaluated on the shapes measured so far")
         out["skipped"]["interrupted"] = "stopped by SIGINT (gpu_check.sh's time budget) before every shape was measured"
@@ -115,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     save(args, out)
     if args.json is not None:
         print(f"figures written to {args.json}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

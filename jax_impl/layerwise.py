@@ -42,7 +42,7 @@ from jax_impl.rotary_embedding import RotaryEmbedding
 from kernels import resolve_kernels
 from spec import Checkpoint, InputError, ModelSpec, check_token_ids, dtype_name, runtime_params
 from spec.families import FULL, SLIDING
-from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_params
+from spec.layerwise import check_layer_routing, embedding_rows, final_norm_module, head_blocks, layer_params
 from spec.params import EMBEDDING, LINEAR
 
 Boundary = tuple[jax.Array, jax.Array | None]  # (hidden, residual); residual None before layer 0
@@ -197,6 +197,7 @@ class Layerwise:
                 "run_layer before embed: a streamed forward starts with embed(ids), which sets the batch's positions "
                 "and mask"
             )
+        forced = check_layer_routing(routing, len(inputs))
         sparse = self.spec.is_sparse(index)  # built as layer 0 with layer index's MLP: a dense or a sparse block
         as_layer0 = self.spec
         if self.spec.num_experts:
@@ -208,7 +209,6 @@ class Layerwise:
         )
         outputs = []
         kind = self.spec.layer_type(index)
-        forced = [None] * len(inputs) if routing is None else list(routing)
         for (hidden, residual), trace, ids in zip(inputs, traces, forced, strict=True):
             if ids is not None:
                 ids = check_routing({index: ids}, self.spec, *hidden.shape[:2])[index]

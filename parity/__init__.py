@@ -10,11 +10,12 @@ Importing this package imports neither torch nor JAX (nor triton): backends load
 CLI can set up the Triton interpreter first. The command line is `decoder-parity check` (parity/__main__.py).
 """
 
-from parity.api import check, resolve_checkpoint
+from parity.api import check
 from parity.compare import Comparison, ComponentResult, compare_traces
 from parity.components import component_order, hf_components, layers_before
 from parity.metrics import Metrics, array_metrics, logits_metrics
 from parity.report import Report
+from parity.request import resolve_checkpoint
 from parity.tolerances import TOLERANCES, Tolerance, tolerance_for
 
 __all__ = [

@@ -119,12 +119,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--plot {args.plot}: the format comes from the suffix, one of {', '.join(PLOT_SUFFIXES)}")
     for path in (args.json, args.plot):  # fail before a long run, not after it
         check_writable(path)
-    from parity.api import check_stream_options
+    from parity.request import check_stream_options
 
     check_stream_options(args.stream or None, args.tp, args.grad or args.steps > 0)  # before --tp starts JAX
     # Before anything imports triton or starts JAX (parity/environment.py).
     if args.ep > 1 or args.teacher_forced_routing:  # refused on a dense model before JAX gets ep devices
-        from parity.api import check_moe_request
+        from parity.request import check_moe_request
 
         check_moe_request(args.checkpoint, args.ep, args.teacher_forced_routing)
     prepare_environment(args.kernels, args.tp * args.ep)

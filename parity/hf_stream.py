@@ -55,7 +55,7 @@ class Streamed:
     module: str | None = None  # transformers' module directory, where it is not the model type
 
 
-FAMILIES = {  # the MoE families are not streamed at all yet (parity/api.py refuses them first)
+FAMILIES = {  # the MoE families are not streamed at all yet (parity/request.py refuses them first)
     "qwen3": Streamed("layer_types"),
     "qwen2": Streamed("layer_types"),
     "mistral": Streamed("sliding_window"),

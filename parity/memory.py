@@ -22,7 +22,7 @@ _CGROUP = Path("/sys/fs/cgroup")
 
 
 def whole_check_bytes(request) -> int:
-    """The estimated peak memory of the whole-model check of `request` (a parity.api.Request)."""
+    """The estimated peak memory of the whole-model check of `request` (a parity.request.Request)."""
     widest = 4 if (request.baseline or request.dtype == "float32") else 2  # bytes per parameter of the largest model
     checkpoint = Checkpoint(request.directory)
     mapped = sum(checkpoint.nbytes(name) for name in checkpoint.names())

@@ -18,13 +18,15 @@ does; the logits of a block are the same dot products as the whole table's.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from spec.checkpoint import Checkpoint, runtime_params
 from spec.config import ModelSpec
+from spec.errors import InputError
 from spec.params import EMBEDDING, LINEAR, NORM, VOCAB, param_table
 
 HEAD_BLOCK_MIN_ELEMENTS = 1 << 25  # 128 MB in float32: a constant, so the head's memory still follows the layer's
@@ -59,6 +61,21 @@ def layer_params(
     checkpoint = Checkpoint(directory)  # its own maps: released when this generator ends
     for module, role, kind, array in runtime_params(checkpoint, spec, dtype, modules=lambda m: m.startswith(prefix)):
         yield module[len(prefix) :], role, kind, array
+
+
+def check_layer_routing(routing: Sequence[Any] | None, inputs: int) -> list[Any]:
+    """A streamed layer's teacher-forced routing, one entry per input (its expert ids [B, T, k], or None): the
+    entries themselves are checked by each backend's check_routing, as a whole model checks them."""
+    if routing is None:
+        return [None] * inputs
+    if isinstance(routing, dict) or not isinstance(routing, Sequence):
+        raise InputError(
+            f"run_layer's routing is one entry per input (this layer's expert ids [B, T, k], or None), got "
+            f"{type(routing).__name__}; a whole model's forward takes the dict layer -> ids"
+        )
+    if len(routing) != inputs:
+        raise InputError(f"run_layer's routing has {len(routing)} entries for {inputs} inputs: one per input")
+    return list(routing)
 
 
 def module_param(directory: str | Path, spec: ModelSpec, module: str, dtype: np.dtype | None = None) -> np.ndarray:

@@ -1,9 +1,12 @@
 """The test run's own compile-time settings (tests/conftest.py): what a child that claims the default compiler gets,
-and the probe that keeps an unknown XLA flag from aborting every test process."""
+the probe that keeps an unknown XLA flag from aborting every test process, and the `gpu` tests' process settings."""
 
 from __future__ import annotations
 
-from tests.conftest import XLA_EMITTER_FLAG, _xla_takes, default_compiler_flags
+import pytest
+
+import tests.conftest as conftest
+from tests.conftest import XLA_EMITTER_FLAG, XLA_EXCESS_PRECISION_FLAG, _xla_takes, default_compiler_flags
 
 
 def test_default_compiler_flags_strip_only_the_runs_own_settings():
@@ -16,3 +19,22 @@ def test_default_compiler_flags_strip_only_the_runs_own_settings():
 def test_a_flag_xla_does_not_know_is_refused_by_the_probe():
     assert not _xla_takes("--xla_no_such_flag_in_any_build=true")  # XLA aborts on it: the child fails
     assert _xla_takes("--xla_backend_optimization_level=0")
+
+
+@pytest.mark.parametrize("user_flags", ["", "--xla_gpu_autotune_level=0", "--xla_allow_excess_precision=true"])
+def test_the_gpu_tests_process_keeps_the_references_roundings(monkeypatch, user_flags):
+    """`pytest -m gpu` on a CUDA machine: Triton compiled (no TRITON_INTERPRET), no CPU-suite compiler settings, and
+    XLA told to keep every conversion the references write, unless the user set that flag themselves."""
+    monkeypatch.setattr(conftest, "_selects_only_gpu_tests", lambda config: True)
+    monkeypatch.setattr(conftest, "_cuda_available", lambda: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", user_flags)
+    conftest.pytest_configure(None)
+    flags = conftest.os.environ["XLA_FLAGS"].split()
+    assert "TRITON_INTERPRET" not in conftest.os.environ
+    assert not any(f.startswith("--xla_backend_optimization_level") for f in flags)
+    if "excess_precision" in user_flags:
+        assert flags == [user_flags]
+    else:
+        assert flags == [*user_flags.split(), XLA_EXCESS_PRECISION_FLAG]
+    assert _xla_takes(XLA_EXCESS_PRECISION_FLAG)  # this jaxlib knows it: a process given it starts

@@ -32,7 +32,7 @@ from torch import nn
 from kernels import resolve_kernels
 from spec import Checkpoint, InputError, ModelSpec, check_token_ids, dtype_name, runtime_params
 from spec.families import FULL
-from spec.layerwise import embedding_rows, final_norm_module, head_blocks, layer_params
+from spec.layerwise import check_layer_routing, embedding_rows, final_norm_module, head_blocks, layer_params
 from spec.params import EMBEDDING
 from torch_impl.decoder_layer import decoder_layer
 from torch_impl.embedding import Embedding
@@ -40,6 +40,7 @@ from torch_impl.layernorm import make_norm
 from torch_impl.linear import Linear
 from torch_impl.loader import DTYPES, to_torch
 from torch_impl.model import attention_masks, default_positions, embedding_scale, final_softcap
+from torch_impl.moe import check_routing
 from torch_impl.rotary_embedding import RotaryEmbedding
 
 Boundary = tuple[torch.Tensor, torch.Tensor | None]  # (hidden, residual); residual None before layer 0
@@ -123,20 +124,33 @@ class Layerwise:
         plain = self.spec.norm_placement == "post" or self.spec.parallel_residual
         return (tensor, None) if first_layer or plain else (torch.zeros_like(tensor), tensor)
 
-    def run_layer(self, index: int, inputs: Sequence[Boundary], traces: Sequence[Trace]) -> list[Boundary]:
-        """Load decoder layer `index`, run it on each input (recording into the matching trace), drop it."""
+    def run_layer(
+        self, index: int, inputs: Sequence[Boundary], traces: Sequence[Trace],
+        routing: Sequence[np.ndarray | torch.Tensor | None] | None = None,
+    ) -> list[Boundary]:  # fmt: skip
+        """Load decoder layer `index`, run it on each input (recording into the matching trace), drop it.
+
+        `routing`: per input, this (sparse) layer's teacher-forced expert ids [B, T, k] or None (torch_impl/moe.py;
+        checked as CausalLM checks them)."""
         if self._rope is None:
             raise InputError(
                 "run_layer before embed: a streamed forward starts with embed(ids), which sets the batch's positions "
                 "and mask"
             )
+        forced = check_layer_routing(routing, len(inputs))
         layer = self._build(
             lambda: decoder_layer(self.spec, index, kernels=self.kernels),
             layer_params(self.directory, self.spec, index),
         )
         cos, sin, mask = self._rope[self.spec.layer_type(index)]
+        outputs = []
         with self._running():
-            return [layer(h, r, cos, sin, mask, None, trace) for (h, r), trace in zip(inputs, traces, strict=True)]
+            for (hidden, residual), trace, ids in zip(inputs, traces, forced, strict=True):
+                routed = {}  # sparse layers exist in DecoderLayer only: the plain-flow layers take no routing
+                if ids is not None:
+                    routed["routing"] = check_routing({index: ids}, self.spec, *hidden.shape[:2], self.device)
+                outputs.append(layer(hidden, residual, cos, sin, mask, None, trace, **routed))
+        return outputs
 
     def head(self, inputs: Sequence[Boundary], traces: Sequence[Trace]) -> list[torch.Tensor]:
         """The final norm of each input (consuming the last increment), then its logits [B, T, V], the head's

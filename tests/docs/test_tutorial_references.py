@@ -51,7 +51,8 @@ def test_mapping_tables_put_code_in_the_right_columns():
 def _family_specs() -> dict:
     """The specs of tests/hf_models.py's family and MoE checkpoints (sections 10 to 15 name their tensors)."""
     import spec
-    from tests.hf_models import FAMILY_CONFIGS, MOE_CONFIGS, build_hf_model
+    from tests.hf_configs import FAMILY_CONFIGS, MOE_CONFIGS
+    from tests.hf_models import build_hf_model
 
     names = [*FAMILY_CONFIGS, *MOE_CONFIGS]
     return {name: spec.ModelSpec.from_hf_config(build_hf_model(name).config.to_dict()) for name in names}

@@ -171,6 +171,31 @@ def test_an_interrupted_benchmark_writes_what_it_measured(tmp_path: Path, monkey
     assert "benchmarks/kernels.py ran past its time budget" in report["problems"]
 
 
+def test_a_framework_that_fails_leaves_the_others_figures(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A failure in one framework's sweep (a compile error, a CUDA error) is named in the JSON and the exit status,
+    and the other framework is still measured (stand-ins for both sweeps: the measuring itself needs a GPU)."""
+    from benchmarks import kernels
+
+    def torch_fails(args, out) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def jax_measures(args, out) -> None:
+        out["results"].append(_result("jax", "add_rms_norm", 4096, 4096, 0.9, 2.0))
+
+    monkeypatch.setattr(kernels, "torch_gpu", lambda: True)
+    monkeypatch.setattr(kernels, "jax_gpu", lambda: True)
+    monkeypatch.setattr(kernels, "bench_torch", torch_fails)
+    monkeypatch.setattr(kernels, "bench_jax", jax_measures)
+    path = tmp_path / "kernels.json"
+    assert kernels.main(["--json", str(path)]) == 1
+    written = json.loads(path.read_text())
+    assert [r["framework"] for r in written["results"]] == ["jax"]
+    assert written["skipped"] == {"torch": "failed: RuntimeError: CUDA error: an illegal memory access was encountered"}
+    assert "torch: FAILED (RuntimeError" in capsys.readouterr().out
+    report = check_report(None, 0, path, 1, {"torch": "H200", "jax": "H200"}, 300.0, 480.0)
+    assert not report["passed"] and any("benchmark skipped torch: failed" in p for p in report["problems"])
+
+
 def test_sweep_times_every_shape_and_saves_after_each(tmp_path: Path, capsys) -> None:
     """benchmarks/kernel_figures.py::sweep, the loop both frameworks' GPU sweeps run, over CPU stand-ins for the
     cases and the timer: one record per (kernel, width, tokens) in that order, with the bytes the op moves and the

@@ -21,7 +21,7 @@ import pytest
 
 from parity.capture import capture
 from tests.backends import load, rel_err
-from tests.hf_models import FAMILY_CONFIGS
+from tests.hf_configs import FAMILY_CONFIGS
 
 pytest.importorskip("transformers")
 

@@ -1,5 +1,5 @@
 """jax_impl's mixture-of-experts layers (issue 18) against transformers' own Qwen3-MoE, Qwen2-MoE and Mixtral on
-checkpoints they wrote (tests/hf_models.py MOE_CONFIGS): float32 logits, routing ids, greedy generation through
+checkpoints they wrote (tests/hf_configs.py MOE_CONFIGS): float32 logits, routing ids, greedy generation through
 the jitted KV-cache steps, the three dispatch forms, teacher-forced routing, bad routing input, the stacked
 loading, and gradients against transformers' autograd (known answers by hand: tests/jax_impl/test_moe_block.py).
 """
@@ -11,7 +11,7 @@ import pytest
 
 import spec
 from tests.backends import load, rel_err
-from tests.hf_models import MOE_CONFIGS
+from tests.hf_configs import MOE_CONFIGS
 
 pytest.importorskip("transformers")
 

@@ -54,7 +54,7 @@ class Mutant:
     expect: str  # the component the report must name first
     why: str
     inject: Callable[[pytest.MonkeyPatch], None]
-    # "default" or "large_eps" (tests/parity/conftest.py), or a FAMILY_CONFIGS name (tests/hf_models.py)
+    # "default" or "large_eps" (tests/parity/conftest.py), or a FAMILY_CONFIGS name (tests/hf_configs.py)
     checkpoint: str = "default"
     dtype: str = "float32"  # bfloat16 for the bugs that only exist where the activation dtype rounds
 
@@ -154,7 +154,7 @@ MUTANTS: list[Mutant] = [
         "theta 1e6 replaced by 10000 changes every rotation at positions > 0; q is traced after RoPE",
         lambda mp: patch_loaded(mp, torch_impl, rope_theta_ignored),
     ),
-    # ---- issue 15: the model families (transformers-written checkpoints, tests/hf_models.py FAMILY_CONFIGS) ----
+    # ---- issue 15: the model families (transformers-written checkpoints, tests/hf_configs.py FAMILY_CONFIGS) ----
     Mutant(
         "norm_offset_dropped",
         "jax",

@@ -15,7 +15,7 @@ import parity
 import torch_impl
 from parity import TOLERANCES, component_order, hf_components
 from parity.compare import judge
-from tests.hf_models import HF_CONFIGS
+from tests.hf_configs import HF_CONFIGS
 
 HAS_FUSED = importlib.util.find_spec("triton") is not None and all(
     importlib.util.find_spec(m) is not None for m in ("kernels.triton.rms_norm", "kernels.pallas.swiglu")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import parity
-from tests.hf_models import FAMILY_CONFIGS
+from tests.hf_configs import FAMILY_CONFIGS
 
 pytest.importorskip("transformers")
 

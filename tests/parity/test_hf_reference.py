@@ -16,7 +16,7 @@ import pytest
 from parity.capture import capture
 from tests.backends import BACKENDS, load, package, rel_err
 from tests.greedy import assert_same_greedy
-from tests.hf_models import HF_CONFIGS
+from tests.hf_configs import HF_CONFIGS
 
 pytest.importorskip("transformers")
 

@@ -1,5 +1,5 @@
 """Routing-aware parity (issue 18): the routing comparison on constructed traces, then `check` on the
-transformers-written MoE checkpoints (tests/hf_models.py MOE_CONFIGS, TIED_ROUTER_CONFIGS) with real backends.
+transformers-written MoE checkpoints (tests/hf_configs.py MOE_CONFIGS, TIED_ROUTER_CONFIGS) with real backends.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from parity.compare import compare_traces
 from parity.components import component_order, hf_components
 from parity.report import routing_lines
 from spec import InputError, ModelSpec
-from tests.hf_models import MOE_CONFIGS
+from tests.hf_configs import MOE_CONFIGS
 
 CHECK = dict(seq_len=12, batch=2)
 
@@ -197,3 +197,20 @@ def test_teacher_forced_routing_refused_on_a_dense_model(default_dir):
         parity.check(default_dir, routing="teacher")
     with pytest.raises(InputError, match="routing 'forced' is not one of free, teacher"):
         parity.check(default_dir, routing="forced")
+
+
+def test_moe_options_refused_with_what_they_cannot_combine(hf_checkpoint, default_dir):
+    """Each refusal names the option; the CLI's early check of a dense model (before JAX starts) uses the same words."""
+    from parity.request import check_moe_request
+
+    directory = hf_checkpoint("qwen3_moe_e6k4")
+    with pytest.raises(InputError, match="--stream is not supported on mixture-of-experts models yet"):
+        parity.check(directory, stream=True)
+    with pytest.raises(InputError, match="--teacher-forced-routing and --ep compare the forward pass"):
+        parity.check(directory, routing="teacher", grad=True)
+    with pytest.raises(InputError) as whole:
+        parity.check(default_dir, routing="teacher")
+    with pytest.raises(InputError) as early:
+        check_moe_request(default_dir, 1, True)
+    assert str(whole.value) == str(early.value)
+    assert "needs a mixture-of-experts model (qwen3 is dense" in str(early.value)

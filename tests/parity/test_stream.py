@@ -23,8 +23,8 @@ import spec
 import spec.layerwise
 import torch_impl
 from parity.__main__ import main
-from parity.api import validate_request
 from parity.components import component_order, residual_stream
+from parity.request import validate_request
 from parity.stream import _LayerProgress
 from spec import CheckpointError, InputError
 

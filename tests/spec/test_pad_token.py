@@ -11,7 +11,8 @@ import pytest
 from spec import ConfigError, ModelSpec
 from spec.families import FAMILIES, PADDING_ROW_DEFAULTS
 from spec.parallel import ShardLayout
-from tests.hf_models import ALL_CONFIGS, build_hf_model
+from tests.hf_configs import ALL_CONFIGS
+from tests.hf_models import build_hf_model
 
 # one transformers-built config per family (tests/hf_models.py), as its config class writes config.json
 NAMES = {c["model_type"]: name for name, c in reversed(ALL_CONFIGS.items())}

@@ -1,4 +1,4 @@
-"""torch_impl on every model family of issue 15 (tests/hf_models.py FAMILY_CONFIGS) against transformers' own
+"""torch_impl on every model family of issue 15 (tests/hf_configs.py FAMILY_CONFIGS) against transformers' own
 classes: Mistral's sliding window, Gemma 2 (sandwich norms, (1 + w), GeGLU, soft-caps, scaled embedding),
 Gemma 3 text (local/global RoPE, per-head q/k norm), OLMo 2 (post-norm, projection q/k norm), GPT-NeoX (LayerNorm,
 parallel and sequential residual, fused qkv, partial rotary, biases), and Qwen's sliding layers (a config built here).
@@ -22,7 +22,8 @@ from parity.capture import capture
 from spec import ModelSpec
 from tests.backends import rel_err
 from tests.greedy import assert_same_greedy
-from tests.hf_models import ALL_CONFIGS, FAMILY_CONFIGS, save_hf_checkpoint
+from tests.hf_configs import ALL_CONFIGS, FAMILY_CONFIGS
+from tests.hf_models import save_hf_checkpoint
 
 # A mark, not importorskip: the ranks this module spawns import it to find their function, and importing
 # transformers there cost each rank ~1.5 s for nothing.

@@ -2,7 +2,7 @@
 teacher forcing, the stacked loading and the refusal of bad routing input (answers worked out by hand:
 tests/torch_impl/test_moe_block.py). Mirrors tests/jax_impl/test_moe.py.
 
-Checkpoints are written by transformers' `save_pretrained` (tests/hf_models.py MOE_CONFIGS); transformers' router
+Checkpoints are written by transformers' `save_pretrained` (tests/hf_configs.py MOE_CONFIGS); transformers' router
 choices are read from its router module (`mlp.gate` returns (logits, scores, indices)).
 """
 
@@ -17,7 +17,7 @@ from parity.tolerances import TOLERANCES
 from spec import InputError, ModelSpec
 from tests.backends import rel_err
 from tests.greedy import assert_same_greedy
-from tests.hf_models import MOE_CONFIGS
+from tests.hf_configs import MOE_CONFIGS
 
 pytest.importorskip("transformers")
 
@@ -159,6 +159,39 @@ def test_bad_routing_is_refused_naming_the_layer(qwen3, routing, message):
     with pytest.raises(InputError) as err:
         qwen3(ids_for("qwen3_moe_e6k4"), routing=routing)
     assert message in str(err.value)
+
+
+def test_layer_streamed_matches_whole_model(qwen3, hf_checkpoint):
+    """torch_impl.layerwise: each layer built with its own MLP kind (layer 1 is dense here), free-running and with
+    one layer's experts teacher-forced, as the whole model runs them. Mirrors tests/jax_impl/test_moe.py."""
+    from torch_impl.layerwise import Layerwise
+
+    directory = hf_checkpoint("qwen3_moe_e6k4")
+    ids = ids_for("qwen3_moe_e6k4", batch=1)
+    whole: dict[str, torch.Tensor] = {}
+    with torch.inference_mode():
+        qwen3(ids, trace=whole)
+    streamed, trace = Layerwise(directory), {}
+    boundary = [streamed.embed(ids, trace)]
+    for i in range(streamed.spec.num_hidden_layers):
+        boundary = streamed.run_layer(i, boundary, [trace])
+    logits = streamed.head(boundary, [trace])[0]
+    assert rel_err(logits.numpy(), whole["logits"].numpy()) <= FP32_REL
+    for key in ("layers.0.moe.topk_ids", "layers.2.moe.topk_ids"):
+        assert torch.equal(trace[key], whole[key])
+    assert "layers.1.mlp.gate_up" in trace and "layers.1.moe.topk_ids" not in trace
+    other = whole["layers.2.moe.topk_ids"].numpy().copy()  # layer 2 given other experts on one token
+    other[0, 3] = [e for e in range(6) if e not in other[0, 3]][:2] + list(other[0, 3][:2])
+    forced_whole: dict[str, torch.Tensor] = {}
+    with torch.inference_mode():
+        qwen3(ids, trace=forced_whole, routing={2: other})
+    forced: dict[str, torch.Tensor] = {}
+    boundary = [streamed.embed(ids, forced)]
+    for i in range(streamed.spec.num_hidden_layers):
+        boundary = streamed.run_layer(i, boundary, [forced], routing=[other] if i == 2 else None)
+    np.testing.assert_array_equal(forced["layers.2.moe.topk_ids"].numpy(), other)
+    assert rel_err(streamed.head(boundary, [forced])[0].numpy(), forced_whole["logits"].numpy()) <= FP32_REL
+    assert rel_err(forced_whole["logits"].numpy(), whole["logits"].numpy()) > 1e3 * FP32_REL  # the forcing bit
 
 
 def test_stacked_experts_load_the_checkpoints_tensors(qwen3, hf_checkpoint):

@@ -20,7 +20,7 @@ import pytest
 
 import spec
 from tests.backends import load, rel_err, run, to_numpy
-from tests.hf_models import FAMILY_CONFIGS
+from tests.hf_configs import FAMILY_CONFIGS
 
 PAD = 200
 PAD_SPEC = dataclasses.replace(spec.DEFAULT_SPEC, pad_token_id=PAD)

@@ -4,7 +4,7 @@ slots, not one per position, and generation through it stays what transformers a
 One body for both twins: tests/torch_impl/test_window_cache.py and tests/jax_impl/test_window_cache.py subclass
 `WindowCacheTwin` with their backend's name and its chunked cached forward (`cached_logits`, the one thing the
 two backends spell differently: torch's cache is updated in place, JAX's is returned). pytest collects the
-subclasses, never this module. Checkpoints are transformers-written (tests/hf_models.py FAMILY_CONFIGS, windows
+subclasses, never this module. Checkpoints are transformers-written (tests/hf_configs.py FAMILY_CONFIGS, windows
 5 to 7); prompts of 9 tokens and 24 new ones go well past every window.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from spec import ModelSpec
 from tests.backends import load, package, rel_err, run
 from tests.greedy import FP32_REL, assert_same_greedy
-from tests.hf_models import FAMILY_CONFIGS
+from tests.hf_configs import FAMILY_CONFIGS
 
 SLIDING_FAMILIES = ["mistral_window", "gemma2_sandwich", "gemma3_local_global"]
 PROMPT, NEW_TOKENS = 9, 24

@@ -2,9 +2,10 @@
 (or, `--model qwen3-moe`, the mixture-of-experts Qwen3-30B-A3B shape scaled down: benchmarks/qwen3_shape.py).
 
 One run measures, on this machine and at batch 1 in float32 or (`--dtype bfloat16`) with bfloat16 weights:
-- prefill tokens/s for a 128-token prompt and decode tokens/s for 64 new tokens, per backend (medians of
-  `--repeats` runs; the three backends load in their own processes (benchmarks/decode_backend.py), then run in turn,
-  run after run, each backend's variants below in its own process);
+- prefill tokens/s for a 128-token prompt (in each run the median of three: decode_backend.PREFILL_SAMPLES) and
+  decode tokens/s for 64 new tokens, per backend (medians of `--repeats` runs; the three backends load in their own
+  processes (benchmarks/decode_backend.py), then run in turn, run after run, each backend's variants below in its
+  own process);
 - the machine's read bandwidth (a large float32 matrix-vector product, read before and after the backends and
   right before and after each run) and matmul FLOP/s, each in a process of its own (benchmarks/bandwidth.py);
 - each backend's ratio to transformers, and decode's fraction of the weight-streaming limit
@@ -63,6 +64,14 @@ def paired_ratio(runs: list[float], baseline: list[float]) -> float:
     rate; a ratio of the two medians would compare rates measured minutes apart, which on these VMs' read rate
     (it moves by up to 2x within a minute) decides a near-tie by the machine, not by the variants."""
     return statistics.median(a / b for a, b in zip(runs, baseline, strict=True))
+
+
+def rule_verdict(runs: list[float], baseline: list[float]) -> bool | None:
+    """Whether a variant decoded at least as fast as another (jax_impl's layer rule: the call against the operators)
+    run by run: True when it did in every run, False when it was slower in every run, None when the runs fall on
+    both sides, a difference this run's noise hides, whichever side their median lands on."""
+    faster = [a >= b for a, b in zip(runs, baseline, strict=True)]
+    return True if all(faster) else False if not any(faster) else None
 
 
 def backend_command(args: argparse.Namespace, backend: str) -> list[str]:
@@ -223,14 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     jax_per_op = results[JAX_PER_OPERATOR]
     one_call = results["jax_impl"]["one_call_ratio"] = paired_ratio(jax_runs, jax_per_op["decode_runs"])
-    held = results["jax_impl"]["layer_rule_held"] = one_call >= 1.0
+    held = results["jax_impl"]["layer_rule_held"] = rule_verdict(jax_runs, jax_per_op["decode_runs"])
+    pairs = [a / b for a, b in zip(jax_runs, jax_per_op["decode_runs"], strict=True)]
+    verdict = {
+        True: "held in every run of this one",
+        False: "did NOT hold: the operators decoded faster in every run of this one",
+        None: f"could not be told apart from the operators in this run (run by run x{min(pairs):.2f} to "
+        f"x{max(pairs):.2f}, either side of 1): a near-tie on this machine, not a verdict",
+    }[held]
     print(
         f"  jax_impl's layers each one call in a decode step (kernels/cpu/decode_layer_ffi.cc): decode "
         f"x{one_call:.2f} (run by run; the medians' ratio x"
         f"{results['jax_impl']['decode_tok_s'] / jax_per_op['decode_tok_s']:.2f}) over the same model with its "
         f"layers as XLA's operators, which decodes at {fractions(jax_per_op)}; jax_impl/layer_choice.py takes the "
-        "call by rule, which "
-        + ("held in this run" if held else "did NOT hold in this run: the operators decoded faster on this machine")
+        f"call by rule, which {verdict}"
     )
     print(f"  transformers  decode at {fractions(base)}")
     results["machine"] = {

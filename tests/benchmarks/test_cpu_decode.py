@@ -34,3 +34,14 @@ def test_a_variant_is_compared_run_by_run():
     assert paired_ratio([2.0, 3.0], [1.0, 1.0]) == 2.5  # an even count: the mean of the middle two
     with pytest.raises(ValueError):  # runs of different counts are not pairs
         paired_ratio([1.0, 2.0], [1.0])
+
+
+def test_the_layer_rules_verdict_is_none_where_the_runs_disagree():
+    """Run k (2026-12-06, float32): the call over the operators run by run x1.06, x0.94, x0.96, x1.10, x0.99, a
+    median of x0.99; a near-tie that five runs cannot resolve either way, so no verdict."""
+    from benchmarks.cpu_decode import rule_verdict
+
+    call, operators = [12.56, 10.51, 11.54, 12.26, 10.15], [11.84, 11.17, 12.06, 11.18, 10.24]
+    assert rule_verdict(call, operators) is None
+    assert rule_verdict([2.0, 2.0], [1.0, 2.0]) is True  # as fast counts as held
+    assert rule_verdict([1.0, 1.5], [1.1, 2.0]) is False

@@ -68,7 +68,7 @@ def check_layer_routing(routing: Sequence[Any] | None, inputs: int) -> list[Any]
     entries themselves are checked by each backend's check_routing, as a whole model checks them."""
     if routing is None:
         return [None] * inputs
-    if isinstance(routing, dict) or not isinstance(routing, Sequence):
+    if isinstance(routing, (dict, str, bytes)) or not isinstance(routing, Sequence):
         raise InputError(
             f"run_layer's routing is one entry per input (this layer's expert ids [B, T, k], or None), got "
             f"{type(routing).__name__}; a whole model's forward takes the dict layer -> ids"

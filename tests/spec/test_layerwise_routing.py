@@ -32,6 +32,7 @@ CASES = {
     "an entry of None": (2, [None]),
     "a dict, the whole model's form": (2, {2: FORCED}),
     "one array, not a list of them": (0, FORCED),
+    "a string": (0, "x"),
     "two entries for one input": (2, [FORCED, FORCED]),
     "no entries": (2, []),
     "an id out of range": (2, [np.full((2, 7, 4), 6)]),

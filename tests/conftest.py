@@ -37,11 +37,12 @@ Each is a default only: a JAX_COMPILATION_CACHE_DIR or an optimization level in 
 (with their own level, the emitter flag is left to them too).
 
 The `gpu` tests' process gets one XLA setting instead: `--xla_allow_excess_precision=false`. They hold each compiled
-kernel to its jitted reference, which rounds to the activation dtype where the contract does (docs/design.md);
-XLA's GPU compiler, by default, removes a float32 -> bfloat16 -> float32 pair of conversions (its
-simplify-fp-conversions pass), so the reference would normalize an unrounded residual sum that the kernel, rightly,
-rounds first, and differ from it by more than the table's ulps for a reason that is the compiler's, not the
-kernel's. XLA on CPU keeps those conversions in these references, so the CPU suite needs no such flag.
+kernel to its jitted reference, which rounds to the activation dtype where the contract does (docs/design.md, "The
+numerics contract of add_rms_norm"); XLA's GPU compiler, by default, removes a float32 -> bfloat16 -> float32 pair
+of conversions (its simplify-fp-conversions pass), so the reference would normalize an unrounded residual sum that
+the kernel, rightly, rounds first, and differ from it by more than the table's ulps for a reason that is the
+compiler's, not the kernel's. XLA on CPU keeps those conversions in these references, so the CPU suite needs no such
+flag.
 """
 
 from __future__ import annotations

@@ -15,6 +15,16 @@ from benchmarks.kernel_figures import EPS, GATED, RMS_NORM_OPTIONS, spec_peak, s
 from benchmarks.kernel_timing import median_seconds_jax
 
 
+def donating_step(add_rms_norm: Callable) -> Callable:
+    """`add_rms_norm(x, residual, weight) -> (out, new residual)` jitted as a decoder's step runs it, the residual
+    donated and fed back: returning (new residual, out), since jit gives a donated buffer to the first output of its
+    shape, which must be the new residual, the output the kernel writes over the residual (input_output_aliases);
+    given to `out`, XLA would copy one of the two [T, H] arrays every call."""
+    import jax
+
+    return jax.jit(lambda x, r, w: add_rms_norm(x, r, w)[::-1], donate_argnums=1)
+
+
 def _jax_cases(kernel: str, tokens: int, width: int, dtype, device, jitted: dict) -> dict[str, Callable[[], object]]:
     import jax
     import jax.numpy as jnp
@@ -73,11 +83,7 @@ def bench_jax(args: argparse.Namespace, out: dict[str, Any]) -> None:
     jitted = {}  # (kernel, "fused" | "compiled") -> the jitted function
     for kernel, options in RMS_NORM_OPTIONS.items():
         for label, fn in (("fused", ops.add_rms_norm), ("compiled", ops.add_rms_norm_reference)):
-            bound = functools.partial(fn, eps=EPS, **options)
-            # (new residual, out): jit gives a donated buffer to the first output of its shape, which must be the
-            # new residual, the output the kernel writes over the residual (input_output_aliases); given to `out`,
-            # XLA would copy one of the two [T, H] arrays every call.
-            jitted[kernel, label] = jax.jit(lambda x, r, w, bound=bound: bound(x, r, w)[::-1], donate_argnums=1)
+            jitted[kernel, label] = donating_step(functools.partial(fn, eps=EPS, **options))
     for kernel in GATED:
         jitted[kernel, "fused"] = jax.jit(getattr(ops, kernel))
         jitted[kernel, "compiled"] = jax.jit(getattr(ops, f"{kernel}_reference"))

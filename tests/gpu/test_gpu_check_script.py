@@ -8,12 +8,15 @@ instead, exit status 2, no JSON. Its report (benchmarks/gpu_report.py::check_rep
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.gpu_report import check_report, report_main
@@ -231,3 +234,26 @@ def test_sweep_times_every_shape_and_saves_after_each(tmp_path: Path, capsys) ->
     assert norm["variants"]["fused"]["gbps"] == pytest.approx(norm["bytes"] / 1e-3 / 1e9)
     assert norm["variants"]["fused"]["of_peak"] is None  # no spec peak given
     assert "torch add_rms_norm bfloat16 [4096 x 4096]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "pallas"])
+def test_the_jax_benchmark_donates_the_residual_to_the_new_residual(fused: bool) -> None:
+    """benchmarks/kernels_jax.py's add_rms_norm step: the donated residual's buffer goes to output 0, which is the new
+    residual (the array the kernel writes over the residual), and the sweep unpacks (new residual, out) in that order.
+    With `out` first, as before, jit gave the buffer to `out` and XLA copied a [T, H] array every call. (CPU: the
+    Pallas kernel in interpret mode; the alias is jit's, whatever runs inside.)"""
+    import jax.numpy as jnp
+
+    from benchmarks.kernels_jax import donating_step
+    from kernels.pallas import add_rms_norm, add_rms_norm_reference
+    from tests.kernels.tolerances import assert_within_tolerance
+
+    step = donating_step(functools.partial(add_rms_norm if fused else add_rms_norm_reference, eps=1e-6))
+    rng = np.random.default_rng(0)
+    x, r = (jnp.asarray(rng.standard_normal((5, 96)), jnp.bfloat16) for _ in range(2))
+    w = jnp.asarray(1 + 0.1 * rng.standard_normal(96), jnp.bfloat16)
+    assert re.findall(r"tf\.aliasing_output = (\d+)", step.lower(x, r, w).as_text()) == ["0"]
+    want_out, want_residual = add_rms_norm_reference(x, r, w, 1e-6)
+    new_residual, out = step(x, jnp.copy(r), w)
+    np.testing.assert_array_equal(np.asarray(new_residual, np.float32), np.asarray(want_residual, np.float32))
+    assert_within_tolerance(np.asarray(out, np.float32), np.asarray(want_out, np.float32), "add_rms_norm", "bfloat16")

@@ -58,12 +58,17 @@ def fractions(result: dict) -> str:
     )
 
 
+def run_ratios(runs: list[float], baseline: list[float]) -> list[float]:
+    """A variant's decode over another's, run by run. The two ran in the same run of the benchmark, in the same
+    process, one right after the other, so each ratio compares them at one minute's read rate; a ratio of the two
+    medians would compare rates measured minutes apart, which on these VMs' read rate (it moves by up to 2x within a
+    minute) decides a near-tie by the machine, not by the variants."""
+    return [a / b for a, b in zip(runs, baseline, strict=True)]
+
+
 def paired_ratio(runs: list[float], baseline: list[float]) -> float:
-    """A variant's decode over another's: the median of the ratios run by run. The two ran in the same run of the
-    benchmark, in the same process, one right after the other, so each ratio compares them at one minute's read
-    rate; a ratio of the two medians would compare rates measured minutes apart, which on these VMs' read rate
-    (it moves by up to 2x within a minute) decides a near-tie by the machine, not by the variants."""
-    return statistics.median(a / b for a, b in zip(runs, baseline, strict=True))
+    """The median of `run_ratios`."""
+    return statistics.median(run_ratios(runs, baseline))
 
 
 def rule_verdict(runs: list[float], baseline: list[float]) -> bool | None:
@@ -71,7 +76,7 @@ def rule_verdict(runs: list[float], baseline: list[float]) -> bool | None:
     run by run: True when it did in every run, False when it was slower in every run, None when the runs fall on
     both sides, whichever side their median lands on. A sign test's reading: with five runs, only five of five is
     unlikely by chance where the two are equal (1 in 32); four of five happens 6 times in 32."""
-    faster = [a >= b for a, b in zip(runs, baseline, strict=True)]
+    faster = [ratio >= 1 for ratio in run_ratios(runs, baseline)]
     return True if all(faster) else False if not any(faster) else None
 
 
@@ -234,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     jax_per_op = results[JAX_PER_OPERATOR]
     one_call = results["jax_impl"]["one_call_ratio"] = paired_ratio(jax_runs, jax_per_op["decode_runs"])
     held = results["jax_impl"]["layer_rule_held"] = rule_verdict(jax_runs, jax_per_op["decode_runs"])
-    pairs = [a / b for a, b in zip(jax_runs, jax_per_op["decode_runs"], strict=True)]
+    pairs = run_ratios(jax_runs, jax_per_op["decode_runs"])
     verdict = {
         True: "held in every run of this one",
         False: "did NOT hold: the operators decoded faster in every run of this one",

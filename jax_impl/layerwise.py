@@ -40,9 +40,9 @@ from jax_impl.model import causal_mask, default_positions, embedding_scale, fina
 from jax_impl.moe import check_routing
 from jax_impl.rotary_embedding import RotaryEmbedding
 from kernels import resolve_kernels
-from spec import Checkpoint, InputError, ModelSpec, check_token_ids, dtype_name, runtime_params
+from spec import Checkpoint, ModelSpec, check_token_ids, dtype_name, runtime_params
 from spec.families import FULL, SLIDING
-from spec.layerwise import check_layer_routing, embedding_rows, final_norm_module, head_blocks, layer_params
+from spec.layerwise import check_layer_call, embedding_rows, final_norm_module, head_blocks, layer_params
 from spec.params import EMBEDDING, LINEAR
 
 Boundary = tuple[jax.Array, jax.Array | None]  # (hidden, residual); residual None before layer 0
@@ -192,12 +192,7 @@ class Layerwise:
 
         `routing`: per input, this (sparse) layer's teacher-forced expert ids [B, T, k] or None (jax_impl/moe.py;
         checked as CausalLM checks them)."""
-        if not self._embedded:
-            raise InputError(
-                "run_layer before embed: a streamed forward starts with embed(ids), which sets the batch's positions "
-                "and mask"
-            )
-        forced = check_layer_routing(routing, len(inputs))
+        forced = check_layer_call(self._embedded, routing, len(inputs))
         sparse = self.spec.is_sparse(index)  # built as layer 0 with layer index's MLP: a dense or a sparse block
         as_layer0 = self.spec
         if self.spec.num_experts:

@@ -63,9 +63,15 @@ def layer_params(
         yield module[len(prefix) :], role, kind, array
 
 
-def check_layer_routing(routing: Sequence[Any] | None, inputs: int) -> list[Any]:
-    """A streamed layer's teacher-forced routing, one entry per input (its expert ids [B, T, k], or None): the
-    entries themselves are checked by each backend's check_routing, as a whole model checks them."""
+def check_layer_call(embedded: bool, routing: Sequence[Any] | None, inputs: int) -> list[Any]:
+    """Both backends' `Layerwise.run_layer` checks, in one order: the batch embedded first (embed sets its positions
+    and mask), then the teacher-forced routing, one entry per input (its expert ids [B, T, k], or None), returned as
+    a list; the entries themselves are checked by each backend's check_routing, as a whole model checks them."""
+    if not embedded:
+        raise InputError(
+            "run_layer before embed: a streamed forward starts with embed(ids), which sets the batch's positions "
+            "and mask"
+        )
     if routing is None:
         return [None] * inputs
     if isinstance(routing, (dict, str, bytes)) or not isinstance(routing, Sequence):

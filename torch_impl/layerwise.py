@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from kernels import resolve_kernels
-from spec import Checkpoint, InputError, ModelSpec, check_token_ids, dtype_name, runtime_params
+from spec import Checkpoint, ModelSpec, check_token_ids, dtype_name, runtime_params
 from spec.families import FULL
-from spec.layerwise import check_layer_routing, embedding_rows, final_norm_module, head_blocks, layer_params
+from spec.layerwise import check_layer_call, embedding_rows, final_norm_module, head_blocks, layer_params
 from spec.params import EMBEDDING
 from torch_impl.decoder_layer import decoder_layer
 from torch_impl.embedding import Embedding
@@ -132,12 +132,7 @@ class Layerwise:
 
         `routing`: per input, this (sparse) layer's teacher-forced expert ids [B, T, k] or None (torch_impl/moe.py;
         checked as CausalLM checks them)."""
-        if self._rope is None:
-            raise InputError(
-                "run_layer before embed: a streamed forward starts with embed(ids), which sets the batch's positions "
-                "and mask"
-            )
-        forced = check_layer_routing(routing, len(inputs))
+        forced = check_layer_call(self._rope is not None, routing, len(inputs))
         layer = self._build(
             lambda: decoder_layer(self.spec, index, kernels=self.kernels),
             layer_params(self.directory, self.spec, index),

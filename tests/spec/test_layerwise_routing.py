@@ -1,8 +1,10 @@
 """Both backends' layer-streamed pieces (torch_impl/layerwise.py, jax_impl/layerwise.py) take a layer's teacher-forced
-routing alike: one entry per input, refused with the same words when it is not (spec.layerwise.check_layer_routing),
+routing alike: one entry per input, refused with the same words when it is not (spec.layerwise.check_layer_call),
 each entry checked as a whole model checks it (spec.inputs.check_routing), and the same forced experts recorded."""
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 import pytest
@@ -16,9 +18,14 @@ NAME = "qwen3_moe_e6k4"  # layers 0 and 2 sparse, layer 1 dense; 6 experts, 4 pe
 IDS = np.random.default_rng(3).integers(0, MOE_CONFIGS[NAME]["vocab_size"], (2, 7))
 
 
+def pieces(backend: str, directory):
+    """The backend's Layerwise over the checkpoint at `directory`."""
+    return importlib.import_module(f"{backend}_impl.layerwise").Layerwise(directory)
+
+
 def streamed_layer(backend: str, directory, layer: int, routing) -> np.ndarray:
     """Layers 0 .. `layer` streamed on IDS, `routing` given to the last: its forced (or own) expert ids."""
-    layerwise = __import__(f"{backend}_impl.layerwise", fromlist=["Layerwise"]).Layerwise(directory)
+    layerwise = pieces(backend, directory)
     trace: dict = {}
     boundary = [layerwise.embed(IDS, trace)]
     for i in range(layer + 1):
@@ -49,7 +56,7 @@ def test_streamed_routing_is_taken_or_refused_alike(case, hf_checkpoint):
     if layer == 1:  # a dense layer records no expert choice: only its refusal is compared
 
         def call(backend: str):
-            layerwise = __import__(f"{backend}_impl.layerwise", fromlist=["Layerwise"]).Layerwise(directory)
+            layerwise = pieces(backend, directory)
             boundary = layerwise.run_layer(0, [layerwise.embed(IDS)], [None])
             return layerwise.run_layer(1, boundary, [None], routing=routing)
 

@@ -14,15 +14,16 @@
 /* out[u] = sum_i a[i] * row_u[i] (i < len) for the n <= 8 rows row_u = first + u * stride: summed in 8 lanes, then
  * across them (sums8), then the tail. Eight rows at a time, so that eight independent sums fill the pipeline
  * instead of one waiting on itself; a block short of eight repeats its last row (those sums are dropped), so the
- * loop over the rows has a fixed count and the accumulators stay in registers. Rows of at most SHORT_ROW elements
- * (a head's key, a short cache's values) are summed one after another, each read in address order: stepping across
- * eight rows at once read a cache that has to come from memory (a decode step's, where every layer's weights passed
- * through the caches since its last read) slower than reading them in order, whose misses the cache's own
- * prefetchers see coming (docs/benchmarks.md). Each sum's order is the same either way. `fetch`: fetch the rows
- * four blocks on (only the first of several calls over the same rows asks: the others would fetch what is on its
- * way). A prefetch never faults, so the rows fetched ahead may run past the operand's end. */
+ * loop over the rows has a fixed count and the accumulators stay in registers. With BY_ROW (float32), rows of at
+ * most SHORT_ROW elements (a head's key, a short cache's values) are summed one after another instead, each read in
+ * address order: a decode step's cache comes from memory (every layer's weights passed through the caches since its
+ * last read), and stepping across eight float32 rows at once read it slower than reading them in order; bfloat16's
+ * half-length rows read slower in order (docs/benchmarks.md: measured on an AMD Zen 4 only). Each sum's order is the
+ * same either way. `fetch`: fetch the rows four blocks on (only the first of several calls over the same rows asks:
+ * the others would fetch what is on its way). A prefetch never faults, so the rows fetched ahead may run past the
+ * operand's end. */
 #define SHORT_ROW 256
-#define DEFINE_DOTS8(NAME, T, LD, LD8)                                                                                 \
+#define DEFINE_DOTS8(NAME, T, LD, LD8, BY_ROW)                                                                         \
     static inline void NAME(const float *a, const T *first, long stride, long n, long len, float *out,                 \
                             int fetch) {                                                                               \
         const T *row[8];                                                                                               \
@@ -33,7 +34,7 @@
         __m256 acc[8];                                                                                                 \
         for (long u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();                                                     \
         long vec = len / 8 * 8;                                                                                        \
-        if (len <= SHORT_ROW)                                                                                          \
+        if (BY_ROW && len <= SHORT_ROW)                                                                                \
             for (long u = 0; u < n; u++) /* row by row: the repeated rows' sums are dropped, so not computed */        \
                 for (long i = 0; i < vec; i += 8)                                                                      \
                     acc[u] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LD8(row[u] + i), acc[u]);                         \
@@ -49,8 +50,8 @@
             out[u] = sums[u];                                                                                          \
         }                                                                                                              \
     }
-DEFINE_DOTS8(dots8_f32, float, ld_f32, ld8_f32)
-DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16)
+DEFINE_DOTS8(dots8_f32, float, ld_f32, ld8_f32, 1)
+DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16, 0)
 
 /* softmax's last two steps on scores p[0..n) with maximum `top`: p = exp(p - top) (exp8), then p / sum(p), the sum
  * in 8 lanes, then across them, then the tail (torch's CPU softmax sums in vector lanes too; one running scalar sum

@@ -16,25 +16,26 @@
  * instead of one waiting on itself; a block short of eight repeats its last row (those sums are dropped), so the
  * loop over the rows has a fixed count and the accumulators stay in registers. With BY_ROW (float32), rows of at
  * most SHORT_ROW elements (a head's key, a short cache's values) are summed one after another instead, each read in
- * address order: a decode step's cache comes from memory (every layer's weights passed through the caches since its
- * last read), and stepping across eight float32 rows at once read it slower than reading them in order; bfloat16's
- * half-length rows read slower in order (docs/benchmarks.md: measured on an AMD Zen 4 only). Each sum's order is the
- * same either way. `fetch`: fetch the rows four blocks on (only the first of several calls over the same rows asks:
- * the others would fetch what is on its way). A prefetch never faults, so the rows fetched ahead may run past the
- * operand's end. */
+ * address order, which the cache's own prefetchers follow: a decode step's cache comes from memory (every layer's
+ * weights passed through the caches since its last read), and stepping across eight float32 rows at once, fetching
+ * ahead, read it at half the rate; bfloat16's half-length rows read slower in order (docs/benchmarks.md: measured on
+ * an AMD Zen 4 only). Each sum's order is the same either way. `fetch`, in the eight-row order: fetch the rows four
+ * blocks on (only the first of several calls over the same rows asks: the others would fetch what is on its way). A
+ * prefetch never faults, so the rows fetched ahead may run past the operand's end. */
 #define SHORT_ROW 256
 #define DEFINE_DOTS8(NAME, T, LD, LD8, BY_ROW)                                                                         \
     static inline void NAME(const float *a, const T *first, long stride, long n, long len, float *out,                 \
                             int fetch) {                                                                               \
         const T *row[8];                                                                                               \
         for (long u = 0; u < 8; u++) row[u] = first + (u < n ? u : n - 1) * stride;                                    \
-        for (long u = 0; fetch && u < 8; u++) /* rows four blocks on, fetched while this block is summed: */           \
+        const int by_row = BY_ROW && len <= SHORT_ROW;                                                                 \
+        for (long u = 0; fetch && !by_row && u < 8; u++) /* rows four blocks on, fetched while this block sums: */    \
             for (long b = 0; b < len * (long)sizeof(T); b += 64) /* the cache's own prefetch misses them */            \
                 _mm_prefetch((const char *)(first + (32 + u) * stride) + b, _MM_HINT_T0);                              \
         __m256 acc[8];                                                                                                 \
         for (long u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();                                                     \
         long vec = len / 8 * 8;                                                                                        \
-        if (BY_ROW && len <= SHORT_ROW)                                                                                \
+        if (by_row)                                                                                                    \
             for (long u = 0; u < n; u++) /* row by row: the repeated rows' sums are dropped, so not computed */        \
                 for (long i = 0; i < vec; i += 8)                                                                      \
                     acc[u] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LD8(row[u] + i), acc[u]);                         \

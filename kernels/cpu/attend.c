@@ -14,21 +14,21 @@
 /* out[u] = sum_i a[i] * row_u[i] (i < len) for the n <= 8 rows row_u = first + u * stride: summed in 8 lanes, then
  * across them (sums8), then the tail. Eight rows at a time, so that eight independent sums fill the pipeline
  * instead of one waiting on itself; a block short of eight repeats its last row (those sums are dropped), so the
- * loop over the rows has a fixed count and the accumulators stay in registers. With BY_ROW (float32), rows of at
- * most SHORT_ROW elements (a head's key, a short cache's values) are summed one after another instead, each read in
- * address order, which the cache's own prefetchers follow: a decode step's cache comes from memory (every layer's
- * weights passed through the caches since its last read), and stepping across eight float32 rows at once, fetching
- * ahead, read it at half the rate; bfloat16's half-length rows read slower in order (docs/benchmarks.md: measured on
- * an AMD Zen 4 only). Each sum's order is the same either way. `fetch`, in the eight-row order: fetch the rows four
- * blocks on (only the first of several calls over the same rows asks: the others would fetch what is on its way). A
- * prefetch never faults, so the rows fetched ahead may run past the operand's end. */
+ * loop over the rows has a fixed count and the accumulators stay in registers. Rows of at most SHORT_ROW elements (a
+ * head's key, a short cache's values) are summed one after another instead, each read in address order, which the
+ * cache's own prefetchers follow: a decode step's cache comes from memory (every layer's weights passed through the
+ * caches since its last read), and stepping across eight such rows at once, fetching ahead, read it at half the rate
+ * (docs/benchmarks.md: measured on an AMD Zen 4 only). Each sum's order is the same either way. `fetch`, in the
+ * eight-row order: fetch the rows four blocks on (only the first of several calls over the same rows asks: the others
+ * would fetch what is on its way). A prefetch never faults, so the rows fetched ahead may run past the operand's
+ * end. */
 #define SHORT_ROW 256
-#define DEFINE_DOTS8(NAME, T, LD, LD8, BY_ROW)                                                                         \
+#define DEFINE_DOTS8(NAME, T, LD, LD8)                                                                                 \
     static inline void NAME(const float *a, const T *first, long stride, long n, long len, float *out,                 \
                             int fetch) {                                                                               \
         const T *row[8];                                                                                               \
         for (long u = 0; u < 8; u++) row[u] = first + (u < n ? u : n - 1) * stride;                                    \
-        const int by_row = BY_ROW && len <= SHORT_ROW;                                                                 \
+        const int by_row = len <= SHORT_ROW;                                                                           \
         for (long u = 0; fetch && !by_row && u < 8; u++) /* rows four blocks on, fetched while this block sums: */    \
             for (long b = 0; b < len * (long)sizeof(T); b += 64) /* the cache's own prefetch misses them */            \
                 _mm_prefetch((const char *)(first + (32 + u) * stride) + b, _MM_HINT_T0);                              \
@@ -51,8 +51,8 @@
             out[u] = sums[u];                                                                                          \
         }                                                                                                              \
     }
-DEFINE_DOTS8(dots8_f32, float, ld_f32, ld8_f32, 1)
-DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16, 0)
+DEFINE_DOTS8(dots8_f32, float, ld_f32, ld8_f32)
+DEFINE_DOTS8(dots8_bf16, uint16_t, ld_bf16, ld8_bf16)
 
 /* softmax's last two steps on scores p[0..n) with maximum `top`: p = exp(p - top) (exp8), then p / sum(p), the sum
  * in 8 lanes, then across them, then the tail (torch's CPU softmax sums in vector lanes too; one running scalar sum

@@ -29,6 +29,13 @@ KV_HEADS, GROUPS, HEAD_DIM = 8, 2, 128  # Qwen3-0.6B
 GEMV_IN = 1024  # the baseline weight's input width (the model's hidden size); its rows make up the bytes
 
 
+def runs_here() -> bool:
+    """Whether the three CPU kernels this script times are built here."""
+    from kernels.cpu import evict, torch_decode_ops, torch_gemv
+
+    return torch_decode_ops.available() and torch_gemv.available() and evict.available()
+
+
 def timed(run, evict) -> float:
     """Seconds of one `run`, after an untimed `evict`."""
     evict()
@@ -51,7 +58,7 @@ def measure(keys: int, dtype, repeats: int) -> dict:
     cache_bytes = k.nbytes + v.nbytes
     w = torch.randn(cache_bytes // (GEMV_IN * k.element_size()), GEMV_IN, generator=gen).to(dtype)  # [out, in]
     x = torch.randn(1, GEMV_IN, generator=gen).to(dtype)
-    runs = {
+    readers = {  # name -> (the call, what takes its operands out of the caches, the bytes it reads)
         "attend": (
             lambda: torch_decode_ops.attend(q, k, v, mask, HEAD_DIM**-0.5),
             evict.evicting([(k.data_ptr(), k.nbytes), (v.data_ptr(), v.nbytes)]),
@@ -59,18 +66,24 @@ def measure(keys: int, dtype, repeats: int) -> dict:
         ),
         "gemv": (lambda: torch_gemv.launch(x, w), evict.evicting([(w.data_ptr(), w.nbytes)]), w.nbytes),
     }
-    seconds = {name: [] for name in runs}
+    seconds = {name: [] for name in readers}
     with torch.inference_mode():
-        for run, _, _ in runs.values():
+        for run, _, _ in readers.values():
             run()  # warm-up: the libraries' first calls
         for turn in range(repeats):  # in turn, every other turn reversed: neither always reads first
-            for name in runs if turn % 2 == 0 else reversed(runs):
-                seconds[name].append(timed(*runs[name][:2]))
-    rates = {name: runs[name][2] / statistics.median(s) for name, s in seconds.items()}
+            for name in readers if turn % 2 == 0 else reversed(readers):
+                seconds[name].append(timed(*readers[name][:2]))
+    rates = {name: readers[name][2] / statistics.median(times) for name, times in seconds.items()}  # bytes/s
+    attend_bytes, gemv_bytes = readers["attend"][2], readers["gemv"][2]
     pairs = zip(seconds["attend"], seconds["gemv"], strict=True)
-    ratios = [(runs["attend"][2] / a) / (runs["gemv"][2] / g) for a, g in pairs]  # run by run
-    return {"keys": keys, "cache_mb": cache_bytes / 1e6, "attend_us": statistics.median(seconds["attend"]) * 1e6,
-            "rates": rates, "ratio": statistics.median(ratios)}  # fmt: skip
+    ratios = [(attend_bytes / a) / (gemv_bytes / g) for a, g in pairs]  # the two read rates, run by run
+    return {
+        "keys": keys,
+        "cache_mb": cache_bytes / 1e6,
+        "attend_us": statistics.median(seconds["attend"]) * 1e6,
+        "rates": rates,
+        "ratio": statistics.median(ratios),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats and every --keys must be at least 1")
     import torch
 
-    from kernels.cpu import build, evict, torch_decode_ops
+    from kernels.cpu import build
 
-    if not (torch_decode_ops.available() and evict.available()):
-        reason = build.unavailable("decode_ops") or build.unavailable("evict")
+    if not runs_here():
+        reason = "; ".join(filter(None, (build.unavailable(name) for name in ("decode_ops", "gemv", "evict"))))
         print(f"attend_read: the CPU kernels do not run here: {reason}", file=sys.stderr)
         return 1
     print(line())

@@ -6,12 +6,14 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from benchmarks import attend_read
-from kernels.cpu import evict, torch_decode_ops
+
+needs_kernels = pytest.mark.skipif(not attend_read.runs_here(), reason="the CPU kernels do not run here")
 
 
-@pytest.mark.skipif(not (torch_decode_ops.available() and evict.available()), reason="the CPU kernels do not run here")
+@needs_kernels
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_run_prints_each_cache_length_with_both_rates(dtype, capsys):
     assert attend_read.main(["--repeats", "2", "--keys", "3", "37", "--dtype", dtype]) == 0
@@ -23,8 +25,9 @@ def test_a_run_prints_each_cache_length_with_both_rates(dtype, capsys):
         assert re.search(r"attention x[0-9.]+ of it", row), row
 
 
+@needs_kernels
 def test_measure_reports_the_caches_size_and_both_rates():
-    r = attend_read.measure(9, __import__("torch").float32, 1)
+    r = attend_read.measure(9, torch.float32, 1)
     assert r["cache_mb"] == pytest.approx(2 * attend_read.KV_HEADS * 9 * attend_read.HEAD_DIM * 4 / 1e6)
     assert r["rates"]["attend"] > 0 and r["rates"]["gemv"] > 0 and r["ratio"] > 0
 

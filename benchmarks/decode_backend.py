@@ -24,6 +24,7 @@ import numpy as np
 
 import spec
 from benchmarks.qwen3_shape import SHAPES, shaped_checkpoint
+from kernels.cpu import gemv_fetch  # the product kernel's software fetch, chosen like a path
 
 DECODE_ROWS = 8  # a product key of at most this many rows is a decode step's (batch 1 here: 1 row)
 # Prompts timed per run, the median kept: a 128-token prefill lasts a few tenths of a second, and one such window on
@@ -99,10 +100,14 @@ def chosen_paths(name: str) -> dict:
     for key, choice in layers.chosen().items():
         timed = ", ".join(f"{path} {seconds * 1e3:.2f} ms" for path, seconds in choice.seconds.items())
         shapes[f"layer {key[0]} {key[1]}"] = f"{choice.path} ({timed or 'by rule, untimed'})"
+    for (dtype, layout), choice in gemv_fetch.FETCH.chosen().items():
+        timed = ", ".join(f"{path} {seconds * 1e3:.2f} ms" for path, seconds in choice.seconds.items())
+        shapes[f"kernel fetch {dtype} {layout}"] = f"{choice.path} ({timed or 'by rule, untimed'})"
+    cost = paths.cost() + gemv_fetch.FETCH.cost()
     return {
         "paths": shapes,
-        "choice_cost_s": paths.cost(),
-        "choice_decode_cost_s": paths.cost() - prompt,
+        "choice_cost_s": cost,
+        "choice_decode_cost_s": cost - prompt,
         "choice_others_busy": paths.others_busy(),
     }
 

@@ -11,7 +11,10 @@ those that can still be taken), keeps the fastest for the rest of the process an
 
 The first candidate in `paths` order (the default) stays unless another beats it by `margin` in every round that
 timed both: a slow spell during one of the default's passes, which on a shared VM can cost it 20-40% of one pass,
-cannot move a product off it alone, and the choice of a process does not change once made.
+cannot move a product off it alone, and the choice of a process does not change once made. For a choice between
+forms a few percent apart, which a slow spell in any one of several rounds would keep on the default for good, the
+rule "median" times every candidate in every round (in turn, the order reversed every other round) and takes the one
+whose median ratio to the default's time in the same round is lowest, where it is below 1 - `margin`.
 
 Correctness never depends on the choice: every candidate computes the same product (the backends' tests check
 each path against a float64 product), and `forced(path)` pins one for the calling thread, for tests and for
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import statistics
 import threading
 import time
 import warnings
@@ -102,11 +106,16 @@ class PathChoice:
         prune: float = 2.0,
         clock: Callable[[], float] = time.perf_counter,
         cpu: Callable[[], CpuSample | None] | None = cpu_sample,
+        rule: str = "every",
     ):
         """`repeats` rounds of one timed pass per candidate after a warm-up, but one round for those that did not
         beat the default by `margin` in the first (all of them, when none did) and for a default `prune` times
         slower than the fastest; `clock` is the timer (tests pass a fake one); `cpu` samples the machine's CPU
-        counters around each measurement (None: not measured)."""
+        counters around each measurement (None: not measured); `rule` "every" (the above) or "median" (the module
+        docstring)."""
+        if rule not in ("every", "median"):
+            raise ValueError(f"{name}: rule {rule!r} is 'every' or 'median'")
+        self.rule = rule
         self.name, self.paths, self.repeats, self.margin, self.clock = name, paths, repeats, margin, clock
         self.prune = prune
         self._chosen: dict[Hashable, Choice] = {}
@@ -189,8 +198,10 @@ class PathChoice:
             raise ValueError(f"{self.name}: candidates {sorted(runs)} are not among {self.paths}")
         for run in runs.values():
             run()  # warm-up: set-up, compilation, first touch
-        rounds = {name: [self._time(run)] for name, run in runs.items()}  # seconds per round
         default = next(p for p in self.paths if p in runs)
+        if self.rule == "median":
+            return self._by_median(runs, default, start, before)
+        rounds = {name: [self._time(run)] for name, run in runs.items()}  # seconds per round
         # Timed again: the candidates that beat the default by the margin in the first round (no other can be taken),
         # and the default while there are any, unless it was `prune` times slower than the fastest (it cannot win
         # on noise; the first round decides).
@@ -208,6 +219,19 @@ class PathChoice:
         cost = self.clock() - start
         self._note_load(before, self._sample(), cost)
         return Choice(path, best, cost)
+
+    def _by_median(self, runs: Mapping[str, Timed], default: str, start: float, before: CpuSample | None) -> Choice:
+        rounds: dict[str, list[float]] = {name: [] for name in runs}
+        for r in range(self.repeats):
+            for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:  # neither always first after the other
+                rounds[name].append(self._time(runs[name]))
+        paired = {name: zip(times, rounds[default], strict=True) for name, times in rounds.items()}
+        ratio = {name: statistics.median(t / d for t, d in pairs) for name, pairs in paired.items()}
+        fastest = min(ratio, key=ratio.__getitem__)
+        path = fastest if ratio[fastest] < 1 - self.margin else default
+        cost = self.clock() - start
+        self._note_load(before, self._sample(), cost)
+        return Choice(path, {name: min(times) for name, times in rounds.items()}, cost)
 
     def _sample(self) -> CpuSample | None:
         return None if self.cpu is None else self.cpu()

@@ -140,8 +140,8 @@ void decode_layer_end(Scratch *s) {
         const Product *p = &all[item / parts];                                                                         \
         const long m = L->rows, part = item % parts;                                                                   \
         if (!is_finish(phase)) {                                                                                       \
-            if (L->cols) gemv_cols_##S##_part(s->x32, p->w, p->partials, m, p->in, p->out, part, parts);               \
-            else gemv_rows_##S##_part(s->x32, p->w, p->b, p->y, m, p->in, p->out, part, parts);                        \
+            if (L->cols) gemv_cols_##S##_part(s->x32, p->w, p->partials, m, p->in, p->out, part, parts, L->fetch);     \
+            else gemv_rows_##S##_part(s->x32, p->w, p->b, p->y, m, p->in, p->out, part, parts, L->fetch);              \
             return;                                                                                                    \
         }                                                                                                              \
         if (L->cols) gemv_cols_reduce_part(p->partials, p->b, p->y, m, p->in, p->out, part, parts);                    \

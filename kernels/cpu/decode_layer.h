@@ -12,12 +12,13 @@ extern "C" {
 /* The operands of one layer, row b of every [rows, ...] operand at b times its width (the launchers make them
  * contiguous). Keys of batch row b, kv head h, slot s at k_cache + b * k_batch + h * k_head + s * head_dim; values'
  * element i of that slot at v_cache + b * v_batch + h * v_head + i * v_row + s. The product weights are [out, in]
- * (cols 0: torch's nn.Linear) or [in, out] (cols 1: Flax's kernel). Biases are float32 or NULL. */
+ * (cols 0: torch's nn.Linear) or [in, out] (cols 1: Flax's kernel). Biases are float32 or NULL. `fetch`: the products'
+ * software fetch (gemv.h). */
 typedef struct {
     long rows, hidden, heads, kv_heads, head_dim, rotated, inter, pos, mask_row;
     long k_batch, k_head, v_batch, v_head, v_row;
     float eps, offset, scale, cap;
-    int float32_weight, cols;
+    int float32_weight, cols, fetch;
     const void *x, *residual; /* [rows, hidden]; residual NULL at layer 0 */
     const void *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm [head_dim] or NULL */
     const void *wq, *wk, *wv, *wo, *wgu, *wd;

@@ -28,7 +28,7 @@ static ffi::Error Refuse(const char *what) {
 }
 
 static ffi::Error Layer(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t heads,
-                        float eps, float offset, float scale, float cap, int32_t float32_weight) {
+                        float eps, float offset, float scale, float cap, int32_t float32_weight, int32_t fetch) {
     if (args.size() != OPERANDS || rets.size() != RESULTS) return Refuse("24 operands and 4 results expected");
     std::vector<ffi::AnyBuffer> a;
     std::vector<ffi::Result<ffi::AnyBuffer>> r;
@@ -77,6 +77,7 @@ static ffi::Error Layer(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Rema
     L.inter = inter, L.pos = pos, L.mask_row = slots;
     L.k_batch = nk * slots, L.k_head = slots * d, L.v_batch = nk * slots, L.v_head = d * slots, L.v_row = slots;
     L.eps = eps, L.offset = offset, L.scale = scale, L.cap = cap, L.float32_weight = float32_weight, L.cols = 1;
+    L.fetch = fetch;
     L.x = data(X), L.residual = data(RESIDUAL), L.input_norm = data(INPUT_NORM), L.post_norm = data(POST_NORM);
     L.q_norm = data(Q_NORM), L.k_norm = data(K_NORM);
     L.wq = data(WQ), L.wk = data(WK), L.wv = data(WV), L.wo = data(WO), L.wgu = data(WGU), L.wd = data(WD);
@@ -114,4 +115,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(DecodeLayerStep, Layer,
                                   .Attr<float>("offset")
                                   .Attr<float>("scale")
                                   .Attr<float>("cap")
-                                  .Attr<int32_t>("float32_weight"));
+                                  .Attr<int32_t>("float32_weight")
+                                  .Attr<int32_t>("fetch"));

@@ -15,8 +15,8 @@
  * drivers: NAME runs the parts on an OpenMP team (torch's own when torch loaded it first: kernels/cpu/
  * torch_gemv.py); gemv_ffi.cc runs them on XLA's intra-op thread pool, so the kernel never competes with it.
  *
- * AVX2 + FMA; build.py compiles this only where the processor has both. Any shape: tails are scalar. Each of the
- * four streams fetches its line AHEAD bytes before it reads it (gemv_loops.h). Where the processor has AVX-512F (and
+ * AVX2 + FMA; build.py compiles this only where the processor has both. Any shape: tails are scalar. Where the caller
+ * asks (`fetch`, gemv.h), each of the four streams fetches its line AHEAD bytes before it reads it (gemv_loops.h). Where the processor has AVX-512F (and
  * AVX512_BF16), each part runs gemv_avx512.c's 512-bit loops instead (gemv_isa, a rule of the instruction set, not a
  * measurement: the same loops with half the instructions per cache line of W; measured on an Intel Xeon only,
  * docs/benchmarks.md); that file says what they keep bit for bit and what they reorder.
@@ -62,7 +62,7 @@ static inline float hsum(__m256 v) {
  * registers (an array indexed by a run-time count would live in memory). */
 #define DEFINE_ROWS(NAME, WT, LOAD8, LOAD1)                                                                  \
     static void NAME##_avx2_part(const float *x, const WT *w, const float *b, float *y, long m, long in,     \
-                                 long out, long part, long parts) {                                          \
+                                 long out, long part, long parts, long fetch) {                              \
         const long vec = in / 8 * 8;                                                                         \
         GEMV_ROW_RUNS(WT, LOAD1, __m256, _mm256_setzero_ps(), hsum, for (long i = 0; i < vec; i += 8) {      \
             __m256 xv = _mm256_loadu_ps(xr + i);                                                             \
@@ -73,8 +73,9 @@ static inline float hsum(__m256 v) {
             a3 = _mm256_fmadd_ps(LOAD8(w3 + i), xv, a3);                                                     \
         })                                                                                                   \
     }                                                                                                        \
-    void NAME(const float *x, const WT *w, const float *b, float *y, long m, long in, long out) {            \
-        _Pragma("omp parallel") NAME##_part(x, w, b, y, m, in, out, omp_get_thread_num(), omp_get_num_threads()); \
+    void NAME(const float *x, const WT *w, const float *b, float *y, long m, long in, long out, long fetch) {\
+        _Pragma("omp parallel")                                                                              \
+            NAME##_part(x, w, b, y, m, in, out, omp_get_thread_num(), omp_get_num_threads(), fetch);         \
     }
 
 /* cols layout: the contraction split into gemv_cols_chunks(in) contiguous blocks of W's rows (a number fixed
@@ -90,7 +91,7 @@ long gemv_cols_chunks(long in) {
 
 #define DEFINE_COLS(NAME, WT, LOAD8, LOAD1)                                                                  \
     static void NAME##_avx2_part(const float *x, const WT *w, float *partials, long m, long in, long out,    \
-                                 long part, long parts) {                                                    \
+                                 long part, long parts, long fetch) {                                        \
         const long vec = out / 8 * 8;                                                                        \
         GEMV_COLS_CHUNKS(WT, LOAD1, {                                                                        \
             __m256 x0 = _mm256_set1_ps(xr[i]), x1 = _mm256_set1_ps(xr[k1]);                                  \
@@ -104,11 +105,11 @@ long gemv_cols_chunks(long in) {
             }                                                                                                \
         })                                                                                                   \
     }                                                                                                        \
-    void NAME(const float *x, const WT *w, const float *b, float *y, long m, long in, long out) {            \
+    void NAME(const float *x, const WT *w, const float *b, float *y, long m, long in, long out, long fetch) {\
         float *partials = malloc(sizeof(float) * gemv_cols_chunks(in) * m * out);                            \
         if (!partials) abort();                                                                              \
         _Pragma("omp parallel") {                                                                            \
-            NAME##_part(x, w, partials, m, in, out, omp_get_thread_num(), omp_get_num_threads());            \
+            NAME##_part(x, w, partials, m, in, out, omp_get_thread_num(), omp_get_num_threads(), fetch);     \
             _Pragma("omp barrier")                                                                           \
             gemv_cols_reduce_part(partials, b, y, m, in, out, omp_get_thread_num(), omp_get_num_threads());  \
         }                                                                                                    \
@@ -138,43 +139,43 @@ DEFINE_COLS(gemv_cols_bf16, uint16_t, load8_bf16, load1_bf16)
 static long usable(long isa) { return isa < gemv_isa() ? isa : gemv_isa(); }
 
 void gemv_rows_f32_part_at(const float *x, const float *w, const float *b, float *y, long m, long in, long out,
-                           long part, long parts, long isa) {
-    if (usable(isa) >= GEMV_ISA_AVX512) gemv_rows_f32_avx512_part(x, w, b, y, m, in, out, part, parts);
-    else gemv_rows_f32_avx2_part(x, w, b, y, m, in, out, part, parts);
+                           long part, long parts, long fetch, long isa) {
+    if (usable(isa) >= GEMV_ISA_AVX512) gemv_rows_f32_avx512_part(x, w, b, y, m, in, out, part, parts, fetch);
+    else gemv_rows_f32_avx2_part(x, w, b, y, m, in, out, part, parts, fetch);
 }
 void gemv_rows_bf16_part_at(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out,
-                            long part, long parts, long isa) {
+                            long part, long parts, long fetch, long isa) {
     isa = usable(isa);
     if (isa >= GEMV_ISA_AVX512)
-        gemv_rows_bf16_avx512_part(x, w, b, y, m, in, out, part, parts, isa == GEMV_ISA_AVX512_BF16);
-    else gemv_rows_bf16_avx2_part(x, w, b, y, m, in, out, part, parts);
+        gemv_rows_bf16_avx512_part(x, w, b, y, m, in, out, part, parts, fetch, isa == GEMV_ISA_AVX512_BF16);
+    else gemv_rows_bf16_avx2_part(x, w, b, y, m, in, out, part, parts, fetch);
 }
 void gemv_cols_f32_part_at(const float *x, const float *w, float *partials, long m, long in, long out, long part,
-                           long parts, long isa) {
-    if (usable(isa) >= GEMV_ISA_AVX512) gemv_cols_f32_avx512_part(x, w, partials, m, in, out, part, parts);
-    else gemv_cols_f32_avx2_part(x, w, partials, m, in, out, part, parts);
+                           long parts, long fetch, long isa) {
+    if (usable(isa) >= GEMV_ISA_AVX512) gemv_cols_f32_avx512_part(x, w, partials, m, in, out, part, parts, fetch);
+    else gemv_cols_f32_avx2_part(x, w, partials, m, in, out, part, parts, fetch);
 }
 void gemv_cols_bf16_part_at(const float *x, const uint16_t *w, float *partials, long m, long in, long out, long part,
-                            long parts, long isa) {
-    if (usable(isa) >= GEMV_ISA_AVX512) gemv_cols_bf16_avx512_part(x, w, partials, m, in, out, part, parts);
-    else gemv_cols_bf16_avx2_part(x, w, partials, m, in, out, part, parts);
+                            long parts, long fetch, long isa) {
+    if (usable(isa) >= GEMV_ISA_AVX512) gemv_cols_bf16_avx512_part(x, w, partials, m, in, out, part, parts, fetch);
+    else gemv_cols_bf16_avx2_part(x, w, partials, m, in, out, part, parts, fetch);
 }
 
 void gemv_rows_f32_part(const float *x, const float *w, const float *b, float *y, long m, long in, long out, long part,
-                        long parts) {
-    gemv_rows_f32_part_at(x, w, b, y, m, in, out, part, parts, gemv_isa());
+                        long parts, long fetch) {
+    gemv_rows_f32_part_at(x, w, b, y, m, in, out, part, parts, fetch, gemv_isa());
 }
 void gemv_rows_bf16_part(const float *x, const uint16_t *w, const float *b, float *y, long m, long in, long out,
-                         long part, long parts) {
-    gemv_rows_bf16_part_at(x, w, b, y, m, in, out, part, parts, gemv_isa());
+                         long part, long parts, long fetch) {
+    gemv_rows_bf16_part_at(x, w, b, y, m, in, out, part, parts, fetch, gemv_isa());
 }
 void gemv_cols_f32_part(const float *x, const float *w, float *partials, long m, long in, long out, long part,
-                        long parts) {
-    gemv_cols_f32_part_at(x, w, partials, m, in, out, part, parts, gemv_isa());
+                        long parts, long fetch) {
+    gemv_cols_f32_part_at(x, w, partials, m, in, out, part, parts, fetch, gemv_isa());
 }
 void gemv_cols_bf16_part(const float *x, const uint16_t *w, float *partials, long m, long in, long out, long part,
-                         long parts) {
-    gemv_cols_bf16_part_at(x, w, partials, m, in, out, part, parts, gemv_isa());
+                         long parts, long fetch) {
+    gemv_cols_bf16_part_at(x, w, partials, m, in, out, part, parts, fetch, gemv_isa());
 }
 
 long gemv_max_rows(void) { return MAX_ROWS; }

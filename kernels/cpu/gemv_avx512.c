@@ -36,7 +36,7 @@ static inline AVX512 __m512 load16_bf16(const uint16_t *w) {
 #define REDUCE16 _mm512_reduce_add_ps
 
 AVX512 void gemv_rows_f32_avx512_part(const float *x, const float *w, const float *b, float *y, long m, long in,
-                                      long out, long part, long parts) {
+                                      long out, long part, long parts, long fetch) {
     const long vec = in / 16 * 16;
     GEMV_ROW_RUNS(float, load1_f32, __m512, _mm512_setzero_ps(), REDUCE16, for (long i = 0; i < vec; i += 16) {
         const __m512 xv = _mm512_loadu_ps(xr + i);
@@ -68,7 +68,7 @@ static inline AVX512 void odd_even(const float *x, __m512 *odd, __m512 *even) {
 }
 
 static AVX512 void rows_bf16_fma(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
-                                 long out, long part, long parts) {
+                                 long out, long part, long parts, long fetch) {
     const long vec = in / 32 * 32;
     GEMV_ROW_RUNS(uint16_t, load1_bf16, __m512, _mm512_setzero_ps(), REDUCE16, for (long i = 0; i < vec; i += 32) {
         __m512 xo, xe;
@@ -98,7 +98,7 @@ enum { X_PAIRS_BYTES = 32 << 10 }; /* x's pairs on the stack: a decode row of up
  * converts nothing; measured faster at every width tried (docs/benchmarks.md). The same pairs either way: the same
  * bits. */
 static AVX512_BF16 void rows_bf16_dot(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
-                                      long out, long part, long parts) {
+                                      long out, long part, long parts, long fetch) {
     const long vec = in / 32 * 32, blocks = vec / 32;
     if (m * blocks > X_PAIRS_BYTES / 64) { /* converted as they are read */
         GEMV_ROW_RUNS(uint16_t, load1_bf16, __m512, _mm512_setzero_ps(), REDUCE16,
@@ -124,17 +124,17 @@ static AVX512 int bf16_values(const float *x, long n) {
 
 /* dot: whether the processor has AVX512_BF16 (gemv_isa() == 2) */
 AVX512 void gemv_rows_bf16_avx512_part(const float *x, const uint16_t *w, const float *b, float *y, long m, long in,
-                                       long out, long part, long parts, int dot) {
+                                       long out, long part, long parts, long fetch, int dot) {
     if (dot && in >= 32 && bf16_values(x, m * in))
-        rows_bf16_dot(x, w, b, y, m, in, out, part, parts);
+        rows_bf16_dot(x, w, b, y, m, in, out, part, parts, fetch);
     else
-        rows_bf16_fma(x, w, b, y, m, in, out, part, parts);
+        rows_bf16_fma(x, w, b, y, m, in, out, part, parts, fetch);
 }
 
 /* The cols layout: 16 columns at a time, then gemv.c's 8-wide loop, then the shared scalar tail. */
 #define DEFINE_COLS512(NAME, WT, LOAD16, LOAD8, LOAD1)                                                       \
     AVX512 void NAME(const float *x, const WT *w, float *partials, long m, long in, long out, long part,     \
-                     long parts) {                                                                           \
+                     long parts, long fetch) {                                                               \
         const long vec16 = out / 16 * 16, vec8 = out / 8 * 8;                                               \
         GEMV_COLS_CHUNKS(WT, LOAD1, {                                                                        \
             __m512 x0 = _mm512_set1_ps(xr[i]), x1 = _mm512_set1_ps(xr[k1]);                                  \

@@ -12,13 +12,16 @@
 
 enum { ROW_TILE = 4, MAX_ROWS = 8, RUN_BYTES = 256 << 10 };
 
-/* How far ahead of each stream its line is fetched (bytes), in both files' loops: the hardware prefetchers alone leave
- * the four streams short of the machine's bandwidth, most of all for a bf16 weight (half the bytes per instruction);
- * a line asked for 2 KB ahead closes most of the gap (docs/benchmarks.md). A hint: past the end it fetches nothing
- * and faults nothing. */
+/* How far ahead of each stream its line is fetched (bytes), in both files' loops, where the part's `fetch` asks for it
+ * (a variable of the loop's function). Whether to fetch at all is a property of the processor's memory system, so the
+ * caller chooses it by measurement (kernels/cpu/gemv_fetch.py): on one processor the hardware prefetchers alone left
+ * the four streams short of the machine's bandwidth and a line asked for 2 KB ahead closed most of the gap, on another
+ * the same fetch held them below what the hardware's own fetch reads (docs/benchmarks.md). A hint: past the end it
+ * fetches nothing and faults nothing, and it changes no result. */
 #define AHEAD 2048
 #define FETCH(p) _mm_prefetch((const char *)(p) + AHEAD, _MM_HINT_T0)
-#define FETCH4(i) (FETCH(w0 + (i)), FETCH(w1 + (i)), FETCH(w2 + (i)), FETCH(w3 + (i)))
+#define FETCH4(i)                                                                                                    \
+    if (fetch) (FETCH(w0 + (i)), FETCH(w1 + (i)), FETCH(w2 + (i)), FETCH(w3 + (i)))
 
 /* part `part` of `parts` of n items: [lo, hi) */
 static inline void span(long n, long part, long parts, long *lo, long *hi) {

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.cpu import build, decode_layer_operands, jax_decode_ops
+from kernels.cpu import build, decode_layer_operands, gemv_fetch, jax_decode_ops
 from kernels.cpu.decode_layer_operands import LayerWeights
 from kernels.cpu.switch import Switch
 
@@ -157,5 +157,6 @@ def decode_layer(
     out, residual_out, k_cache, v_cache = call(
         *operands, heads=np.int64(heads), eps=np.float32(eps), offset=np.float32(offset), scale=np.float32(scale),
         cap=np.float32(softcap or 0.0), float32_weight=np.int32(float32_weight),
+        fetch=np.int32(gemv_fetch.fetch(jnp.dtype(dtype).name, "cols")),
     )  # fmt: skip
     return out, residual_out, k_cache, v_cache

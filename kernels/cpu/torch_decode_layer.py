@@ -19,11 +19,12 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.cpu import build, decode_layer_operands
+from kernels.cpu import build, decode_layer_operands, gemv_fetch
 from kernels.cpu.decode_layer_operands import LayerWeights
 from kernels.cpu.switch import Switch
 
 _L, _F, _I, _P = ctypes.c_long, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}  # gemv_fetch's keys
 _LONGS = ("rows", "hidden", "heads", "kv_heads", "head_dim", "rotated", "inter", "pos", "mask_row")
 _STRIDES = ("k_batch", "k_head", "v_batch", "v_head", "v_row")
 _POINTERS = (
@@ -52,7 +53,7 @@ class LayerStruct(ctypes.Structure):
     _fields_ = [
         *[(name, _L) for name in (*_LONGS, *_STRIDES)],
         *[(name, _F) for name in ("eps", "offset", "scale", "cap")],
-        *[(name, _I) for name in ("float32_weight", "cols")],
+        *[(name, _I) for name in ("float32_weight", "cols", "fetch")],
         *[(name, _P) for name in _POINTERS],
     ]
 
@@ -229,7 +230,8 @@ class LayerCall:
         self._layer = LayerStruct(
             rows=b, hidden=hidden, heads=self.heads, kv_heads=kv_heads, head_dim=d, rotated=cos.shape[-1],
             inter=weights.wd.shape[1], k_batch=k.stride(0), k_head=k.stride(1), v_batch=v.stride(0),
-            v_head=v.stride(1), v_row=v.stride(2), cols=0, k_cache=k.data_ptr(), v_cache=v.data_ptr(),
+            v_head=v.stride(1), v_row=v.stride(2), cols=0, fetch=gemv_fetch.fetch(_DTYPE_NAMES[x.dtype], "rows"),
+            k_cache=k.data_ptr(), v_cache=v.data_ptr(),
             **self._options, **{name: t.data_ptr() for name, t in steady.items()},
         )  # fmt: skip
         self._pending = None  # a copy made above is read by this step only: it never stands again

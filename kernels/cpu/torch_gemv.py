@@ -16,15 +16,16 @@ import functools
 
 import torch
 
-from kernels.cpu import build, torch_operator
+from kernels.cpu import build, gemv_fetch, torch_operator
 
 MAX_ROWS = 8  # gemv.c's MAX_ROWS: more token rows are a GEMM, the libraries' ground
 _P, _L = ctypes.c_void_p, ctypes.c_long
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}  # gemv_fetch's keys
 
 
 @functools.cache
 def _functions() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
-    argtypes = [_P, _P, _P, _P, _L, _L, _L]
+    argtypes = [_P, _P, _P, _P, _L, _L, _L, _L]  # x, w, b, y, m, in, out, fetch
     table = build.functions(
         "gemv", {torch.float32: ("gemv_rows_f32", argtypes), torch.bfloat16: ("gemv_rows_bf16", argtypes)}
     )
@@ -87,7 +88,7 @@ def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> t
     out = torch.empty(rows, out_features, dtype=torch.float32)  # [rows, out]
     _functions()[weight.dtype](
         x32.data_ptr(), weight.data_ptr(), None if b32 is None else b32.data_ptr(), out.data_ptr(),
-        rows, x2.shape[1], out_features,
+        rows, x2.shape[1], out_features, gemv_fetch.fetch(_DTYPE_NAMES[weight.dtype], "rows"),
     )  # fmt: skip
     return out if f32 else out.to(x2.dtype)
 

@@ -33,9 +33,9 @@ def lib():
         pytest.skip(f"kernel not built here: {build.unavailable('gemv')}")
     lib.gemv_isa.restype = _L
     for name in ("rows_f32", "rows_bf16"):
-        getattr(lib, f"gemv_{name}_part_at").argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _L, _L]
+        getattr(lib, f"gemv_{name}_part_at").argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L]
     for name in ("cols_f32", "cols_bf16"):
-        getattr(lib, f"gemv_{name}_part_at").argtypes = [_P, _P, _P, _L, _L, _L, _L, _L, _L]
+        getattr(lib, f"gemv_{name}_part_at").argtypes = [_P, _P, _P, _L, _L, _L, _L, _L, _L, _L]
     lib.gemv_cols_reduce_part.argtypes = [_P, _P, _P, _L, _L, _L, _L, _L]
     lib.gemv_cols_chunks.argtypes, lib.gemv_cols_chunks.restype = [_L], _L
     return lib
@@ -50,8 +50,9 @@ def _ptr(a: np.ndarray | None):
     return None if a is None else a.ctypes.data_as(_P)
 
 
-def product(lib, x: np.ndarray, w: np.ndarray, layout: str, level: int, parts: int = 1) -> np.ndarray:
-    """x [m, in] float32 @ w ([out, in] rows, [in, out] cols; float32 or bfloat16) at `level`, cut into `parts`."""
+def product(lib, x: np.ndarray, w: np.ndarray, layout: str, level: int, parts: int = 1, fetch: int = 1) -> np.ndarray:
+    """x [m, in] float32 @ w ([out, in] rows, [in, out] cols; float32 or bfloat16) at `level`, cut into `parts`, its
+    streams fetching ahead in software or not (`fetch`, gemv.h)."""
     m, in_ = x.shape
     out = w.shape[0] if layout == "rows" else w.shape[1]
     kind = f"{layout}_{'bf16' if w.dtype == ml_dtypes.bfloat16 else 'f32'}"
@@ -59,11 +60,11 @@ def product(lib, x: np.ndarray, w: np.ndarray, layout: str, level: int, parts: i
     y = np.zeros((m, out), np.float32)
     if layout == "rows":
         for part in range(parts):
-            fn(_ptr(x), _ptr(w), None, _ptr(y), m, in_, out, part, parts, level)
+            fn(_ptr(x), _ptr(w), None, _ptr(y), m, in_, out, part, parts, fetch, level)
         return y
     partials = np.zeros((lib.gemv_cols_chunks(in_), m, out), np.float32)
     for part in range(parts):
-        fn(_ptr(x), _ptr(w), _ptr(partials), m, in_, out, part, parts, level)
+        fn(_ptr(x), _ptr(w), _ptr(partials), m, in_, out, part, parts, fetch, level)
     for part in range(parts):
         lib.gemv_cols_reduce_part(_ptr(partials), None, _ptr(y), m, in_, out, part, parts)
     return y
@@ -139,3 +140,15 @@ def test_a_level_above_the_processors_runs_the_processors(lib):
     x, w = operands(2, 300, 1061, "rows", True)
     top = lib.gemv_isa()
     assert np.array_equal(product(lib, x, w, "rows", 7), product(lib, x, w, "rows", top))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("layout", ["rows", "cols"])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_software_fetch_changes_no_bit(lib, level, layout, bf16):
+    _level(lib, level)  # kernels/cpu/gemv_fetch.py chooses it by speed alone
+    for in_, out in SHAPES:
+        x, w = operands(2, in_, out, layout, bf16, seed=1)
+        ahead, hardware = product(lib, x, w, layout, level, fetch=1), product(lib, x, w, layout, level, fetch=0)
+        assert np.array_equal(ahead, hardware), (in_, out)
+        assert rel(hardware, gemv_reference(x, w, None, layout)) <= MAX_REL

@@ -81,6 +81,35 @@ def test_another_path_must_win_every_round(plain_rounds, other_rounds, want):
     assert choice.chosen()["k"].seconds == pytest.approx({"plain": min(plain_rounds), "other": min(other_rounds)})
 
 
+@pytest.mark.parametrize(
+    ("plain_rounds", "other_rounds", "want"),
+    [
+        ([1.0, 1.0, 1.0, 1.0, 1.0], [0.9, 1.3, 0.9, 0.9, 0.95], "other"),  # a slow spell in one round does not decide
+        ([1.0, 1.0, 1.0, 1.0, 1.0], [0.99, 0.98, 0.99, 0.97, 1.2], "plain"),  # 1% faster by the median: within 2%
+        ([1.4, 1.0, 1.0, 1.0, 1.0], [0.9, 1.1, 1.05, 1.1, 0.9], "plain"),  # faster by its best pass only
+    ],
+)
+def test_the_median_rule_takes_the_median_paired_ratio(plain_rounds, other_rounds, want):
+    """rule="median": every candidate in every round, the order reversed every other round, and the one whose median
+    ratio to the default's time in the same round is below 1 - margin."""
+    clock, calls = FakeClock(), []
+    choice = make(clock, repeats=5, margin=0.02, rule="median")
+    runs = {
+        "plain": clock.rounds([1.0, *plain_rounds], calls, "plain"),
+        "other": clock.rounds([1.0, *other_rounds], calls, "other"),
+    }
+    assert choice.choose("k", lambda: runs) == want
+    assert calls == ["plain", "other"] + ["plain", "other", "other", "plain"] * 2 + ["plain", "other"]
+    measured = choice.chosen()["k"]
+    assert measured.seconds == pytest.approx({"plain": min(plain_rounds), "other": min(other_rounds)})
+    assert measured.cost == pytest.approx(1.0 + 1.0 + sum(plain_rounds) + sum(other_rounds))
+
+
+def test_an_unknown_rule_is_refused():
+    with pytest.raises(ValueError, match="rule 'mean'"):
+        PathChoice("test", ("plain", "other"), rule="mean")
+
+
 def test_no_second_round_when_nothing_beat_the_default():
     """Only a candidate that beat the default by the margin in the first round can be taken: when none did, the
     first round decides, and a candidate that did not is not timed again while another still can win."""

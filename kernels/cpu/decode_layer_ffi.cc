@@ -8,7 +8,8 @@
 // (residual at layer 0, q/k norms, biases) is an empty array. Results: out and residual_out [B, 1, H], and the two
 // caches, aliased to their operands (input_output_aliases), written at slot pos in place. A pos at or past S is
 // clamped to the last slot, as dynamic_update_slice clamps the per-operator step's write; jax_impl/kv_cache.py
-// records the slot asked for, and its check() refuses the step's results.
+// records the slot asked for, and its check() refuses the step's results. Attributes: the heads, the norms' and the
+// attention's options, and `fetch`, the products' software fetch (gemv.h; kernels/cpu/gemv_fetch.py chooses it).
 //
 // The phases run on XLA's own intra-op thread pool (SharePhases, xla_pool.h): the pool is woken once for the layer.
 #include <algorithm>

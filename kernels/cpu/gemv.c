@@ -15,11 +15,12 @@
  * drivers: NAME runs the parts on an OpenMP team (torch's own when torch loaded it first: kernels/cpu/
  * torch_gemv.py); gemv_ffi.cc runs them on XLA's intra-op thread pool, so the kernel never competes with it.
  *
- * AVX2 + FMA; build.py compiles this only where the processor has both. Any shape: tails are scalar. Where the caller
- * asks (`fetch`, gemv.h), each of the four streams fetches its line AHEAD bytes before it reads it (gemv_loops.h). Where the processor has AVX-512F (and
- * AVX512_BF16), each part runs gemv_avx512.c's 512-bit loops instead (gemv_isa, a rule of the instruction set, not a
- * measurement: the same loops with half the instructions per cache line of W; measured on an Intel Xeon only,
- * docs/benchmarks.md); that file says what they keep bit for bit and what they reorder.
+ * AVX2 + FMA; build.py compiles this only where the processor has both. Any shape: tails are scalar. Where the
+ * caller asks (`fetch`, gemv.h), each of the four streams fetches its line AHEAD bytes before it reads it
+ * (gemv_loops.h); whether that is faster depends on the processor, so it is measured (kernels/cpu/gemv_fetch.py).
+ * Where the processor has AVX-512F (and AVX512_BF16), each part runs gemv_avx512.c's 512-bit loops instead
+ * (gemv_isa, a rule of the instruction set, not a measurement: the same loops with half the instructions per cache
+ * line of W; docs/benchmarks.md); that file says what they keep bit for bit and what they reorder.
  */
 #include <immintrin.h>
 #include <omp.h>

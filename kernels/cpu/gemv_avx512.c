@@ -2,9 +2,10 @@
  * parts, the same cut and the same contract (x, b and y float32, W float32 or bfloat16 widened exactly, float32
  * sums), called by gemv.c's dispatch (gemv_isa) where the processor has the instructions. A decode step streams its
  * weights once, from memory: with half as many instructions per cache line of W (each stream's line fetched AHEAD
- * bytes before it is read, as in the 256-bit loops), these read a chain of decode-sized weights faster than the
- * 256-bit loops, most of all in bfloat16 (docs/benchmarks.md has the figures). Compiled in every build of gemv.c
- * (the target attributes let an AVX2 compile hold them); only called where gemv_isa() says the processor runs them.
+ * bytes before it is read where the caller asks, as in the 256-bit loops), these read a chain of decode-sized
+ * weights faster than the 256-bit loops, most of all in bfloat16 (docs/benchmarks.md has the figures). Compiled in
+ * every build of gemv.c (the target attributes let an AVX2 compile hold them); only called where gemv_isa() says
+ * the processor runs them.
  *
  * What changes against the 256-bit loops, and what does not:
  *   cols  the same additions in the same order for every output (acc + w0 x0 + w1 x1 + w2 x2 + w3 x3 per column,

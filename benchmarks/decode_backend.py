@@ -89,7 +89,9 @@ def variant_context(name: str):
 def chosen_paths(name: str) -> dict:
     """The path each product shape took in this process, the seconds choosing cost (all of it, and what is left
     without the prompt's many-row shapes: the decode shapes' cost, which issue 13 budgets at 1 s), and the share of
-    the CPUs other processes used meanwhile (None where unknown; our backends only)."""
+    the CPUs other processes used meanwhile (None where unknown; our backends only). The product kernel's fetch is
+    chosen at its first product, which may be a path choice's untimed warm-up: the total then counts that measurement
+    in both (an overstatement of at most its own cost, tens of ms)."""
     if name == "transformers":
         return {"paths": {}, "choice_cost_s": 0.0, "choice_decode_cost_s": 0.0, "choice_others_busy": None}
     paths = __import__(f"{name.split('/')[0]}.linear", fromlist=["PATHS"]).PATHS

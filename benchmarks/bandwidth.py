@@ -81,8 +81,8 @@ def read_bandwidth(repeats: int) -> float:
     from kernels.cpu import gemv_fetch
 
     rates = matvec_bandwidths(repeats)
-    fetch = {path.path for key, path in gemv_fetch.FETCH.chosen().items() if key == ("float32", "rows")}
-    kernel = f" (its fetch: {fetch.pop()})" if fetch else ""
+    choice = gemv_fetch.FETCH.chosen().get(("float32", "rows"))  # the kernel reader's
+    kernel = f" (its fetch: {choice.path})" if choice else ""
     print("  matvec read bandwidth: " + ", ".join(f"{name} {rate / 1e9:.1f} GB/s" for name, rate in rates.items())
           + kernel)  # fmt: skip
     return max(rates.values())

@@ -199,8 +199,14 @@ class PathChoice:
         for run in runs.values():
             run()  # warm-up: set-up, compilation, first touch
         default = next(p for p in self.paths if p in runs)
-        if self.rule == "median":
-            return self._by_median(runs, default, start, before)
+        rule = self._by_median if self.rule == "median" else self._every_round
+        path, rounds = rule(runs, default)
+        cost = self.clock() - start
+        self._note_load(before, self._sample(), cost)
+        return Choice(path, {name: min(times) for name, times in rounds.items()}, cost)
+
+    def _every_round(self, runs: Mapping[str, Timed], default: str) -> tuple[str, dict[str, list[float]]]:
+        """Rule "every": the path and each candidate's seconds per round."""
         rounds = {name: [self._time(run)] for name, run in runs.items()}  # seconds per round
         # Timed again: the candidates that beat the default by the margin in the first round (no other can be taken),
         # and the default while there are any, unless it was `prune` times slower than the fastest (it cannot win
@@ -212,15 +218,12 @@ class PathChoice:
         for _ in range(self.repeats - 1 if live else 0):
             for name, run in live.items():  # in turn: a slow spell hits every candidate of the round alike
                 rounds[name].append(self._time(run))
-        best = {name: min(times) for name, times in rounds.items()}
-        fastest = min(best, key=best.__getitem__)
+        fastest = min(rounds, key=lambda name: min(rounds[name]))
         paired = zip(rounds[fastest], rounds[default], strict=False)  # the rounds that timed both (pruned: the first)
-        path = fastest if all(f < (1 - self.margin) * d for f, d in paired) else default
-        cost = self.clock() - start
-        self._note_load(before, self._sample(), cost)
-        return Choice(path, best, cost)
+        return (fastest if all(f < (1 - self.margin) * d for f, d in paired) else default), rounds
 
-    def _by_median(self, runs: Mapping[str, Timed], default: str, start: float, before: CpuSample | None) -> Choice:
+    def _by_median(self, runs: Mapping[str, Timed], default: str) -> tuple[str, dict[str, list[float]]]:
+        """Rule "median": the path and each candidate's seconds per round."""
         rounds: dict[str, list[float]] = {name: [] for name in runs}
         for r in range(self.repeats):
             for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:  # neither always first after the other
@@ -228,10 +231,7 @@ class PathChoice:
         paired = {name: zip(times, rounds[default], strict=True) for name, times in rounds.items()}
         ratio = {name: statistics.median(t / d for t, d in pairs) for name, pairs in paired.items()}
         fastest = min(ratio, key=ratio.__getitem__)
-        path = fastest if ratio[fastest] < 1 - self.margin else default
-        cost = self.clock() - start
-        self._note_load(before, self._sample(), cost)
-        return Choice(path, {name: min(times) for name, times in rounds.items()}, cost)
+        return (fastest if ratio[fastest] < 1 - self.margin else default), rounds
 
     def _sample(self) -> CpuSample | None:
         return None if self.cpu is None else self.cpu()

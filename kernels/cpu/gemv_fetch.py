@@ -4,8 +4,8 @@ for its line a fixed distance ahead of reading it) or 0 (the processor's own pre
 
 The software fetch changes no result, only how fast a weight streams from memory, and the processors measured so far
 rank the two in opposite orders (docs/benchmarks.md): on one the hardware's prefetchers alone left the streams short
-of the machine's bandwidth, on another the fetch held them below what the hardware's prefetchers read. So no default
-is trusted: the first product of a (dtype, layout) times both on a weight larger than a core's caches, taken out of
+of the machine's bandwidth, on another the fetch held them below what the hardware's prefetchers read. So neither is
+fixed: the first product of a (dtype, layout) times both on a weight larger than a core's caches, taken out of
 every cache level before each pass (kernels/cpu/evict.py), in rounds (spec/path_choice.py), and the choice holds for
 the process. Every launcher of the kernel asks here (torch_gemv, torch_decode_layer, jax_gemv, jax_decode_layer), so
 a decode step's products and the probe's read of the machine's bandwidth (benchmarks/bandwidth.py) stream the same way.
@@ -52,10 +52,7 @@ def fetch(dtype: str, layout: str) -> int:
     eviction does not run here, no measurement can be made and the fetch the kernel had stays (1)."""
     if dtype not in DTYPES or layout not in LAYOUTS:
         raise ValueError(f"gemv_fetch: dtype {dtype!r} (one of {DTYPES}) and layout {layout!r} (one of {LAYOUTS})")
-    forced = FETCH.forced_path()
-    if forced is not None:
-        return CODES[forced]
-    if _drivers() is None or not evict.available():
+    if _drivers() is None or not evict.available():  # settle and choose both give a forced form first
         return CODES[FETCH.settle((dtype, layout), "ahead")]
     return CODES[FETCH.choose((dtype, layout), lambda: _passes(dtype, layout))]
 

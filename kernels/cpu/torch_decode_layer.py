@@ -19,12 +19,11 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.cpu import build, decode_layer_operands, gemv_fetch
+from kernels.cpu import build, decode_layer_operands, torch_gemv
 from kernels.cpu.decode_layer_operands import LayerWeights
 from kernels.cpu.switch import Switch
 
 _L, _F, _I, _P = ctypes.c_long, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}  # gemv_fetch's keys
 _LONGS = ("rows", "hidden", "heads", "kv_heads", "head_dim", "rotated", "inter", "pos", "mask_row")
 _STRIDES = ("k_batch", "k_head", "v_batch", "v_head", "v_row")
 _POINTERS = (
@@ -230,7 +229,7 @@ class LayerCall:
         self._layer = LayerStruct(
             rows=b, hidden=hidden, heads=self.heads, kv_heads=kv_heads, head_dim=d, rotated=cos.shape[-1],
             inter=weights.wd.shape[1], k_batch=k.stride(0), k_head=k.stride(1), v_batch=v.stride(0),
-            v_head=v.stride(1), v_row=v.stride(2), cols=0, fetch=gemv_fetch.fetch(_DTYPE_NAMES[x.dtype], "rows"),
+            v_head=v.stride(1), v_row=v.stride(2), cols=0, fetch=torch_gemv.fetch(x.dtype),
             k_cache=k.data_ptr(), v_cache=v.data_ptr(),
             **self._options, **{name: t.data_ptr() for name, t in steady.items()},
         )  # fmt: skip

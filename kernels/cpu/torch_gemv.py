@@ -20,7 +20,6 @@ from kernels.cpu import build, gemv_fetch, torch_operator
 
 MAX_ROWS = 8  # gemv.c's MAX_ROWS: more token rows are a GEMM, the libraries' ground
 _P, _L = ctypes.c_void_p, ctypes.c_long
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}  # gemv_fetch's keys
 
 
 @functools.cache
@@ -88,9 +87,15 @@ def _run(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> t
     out = torch.empty(rows, out_features, dtype=torch.float32)  # [rows, out]
     _functions()[weight.dtype](
         x32.data_ptr(), weight.data_ptr(), None if b32 is None else b32.data_ptr(), out.data_ptr(),
-        rows, x2.shape[1], out_features, gemv_fetch.fetch(_DTYPE_NAMES[weight.dtype], "rows"),
+        rows, x2.shape[1], out_features, fetch(weight.dtype),
     )  # fmt: skip
     return out if f32 else out.to(x2.dtype)
+
+
+def fetch(dtype: torch.dtype) -> int:
+    """gemv.h's `fetch` for torch's layout ("rows") in `dtype` (float32 or bfloat16): kernels/cpu/gemv_fetch.py's
+    choice, which torch_decode_layer's products take too."""
+    return gemv_fetch.fetch(str(dtype).removeprefix("torch."), "rows")
 
 
 @functools.cache

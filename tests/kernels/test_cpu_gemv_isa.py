@@ -89,6 +89,16 @@ def test_the_level_is_the_processors(lib):
     assert lib.gemv_isa() == want, (lib.gemv_isa(), sorted(f for f in flags if f.startswith("avx512")))
 
 
+@pytest.mark.parametrize("in_", [1, 255, 256, 511, 1024, 2048, 3072, 4096, 8192, 14336, 100_000])
+def test_a_cols_chunk_is_at_least_256_rows_and_there_are_at_most_16(lib, in_):
+    # gemv.c: a chunk's own work (zeroing its partial, adding it in the reduction) stays small against its rows, and
+    # the most threads a cols product can use grows with its input up to 16
+    chunks = lib.gemv_cols_chunks(in_)
+    assert 1 <= chunks <= 16
+    assert chunks == 1 or in_ // chunks >= 256
+    assert chunks == 16 or in_ // (chunks + 1) < 256  # no fewer than the rule allows
+
+
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("layout", ["rows", "cols"])
 @pytest.mark.parametrize("bf16", [False, True])

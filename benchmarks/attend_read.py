@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     for keys in args.keys:
         r = measure(keys, getattr(torch, args.dtype), args.repeats)
         print(f"  {keys:6d} keys ({r['cache_mb']:6.2f} MB of K+V): attention {r['attend_us']:8.1f} us, "
-              f"{r['rates']['attend'] / 1e9:5.1f} GB/s; the product kernel on as many bytes "
-              f"{r['rates']['gemv'] / 1e9:5.1f} GB/s; attention x{r['ratio']:.2f} of it (run by run)")  # fmt: skip
+              f"{r['rates']['attend'] / 1e9:5.3g} GB/s; the product kernel on as many bytes "
+              f"{r['rates']['gemv'] / 1e9:5.3g} GB/s; attention x{r['ratio']:.2f} of it (run by run)")  # fmt: skip
     return 0
 
 

@@ -87,7 +87,7 @@ static inline float hsum(__m256 v) {
  * one at a time. The order of the additions is fixed by the shape. A chunk is at least CHUNK_ROWS rows (all of W where
  * it has fewer), and there are at most MAX_CHUNKS: each chunk also zeroes its partial and adds it in the reduction, work
  * that does not shrink with the chunk, and chunks of 128 rows made a decode layer measurably slower than chunks of 256
- * (docs/benchmarks.md). So up to in / 256 threads share a cols product (4 at the 0.6B shape's hidden size of 1024, 16
+ * (docs/benchmarks.md). So up to in / CHUNK_ROWS threads share a cols product (4 at the 0.6B shape's hidden size of 1024, 16
  * from 4096 on); the rows layout is cut by outputs, among any number. */
 enum { CHUNK_ROWS = 256, MAX_CHUNKS = 16 };
 long gemv_cols_chunks(long in) {

@@ -84,13 +84,14 @@ class Reads:
         one = (np.uint16(0x3F80), np.uint16) if dtype == "bfloat16" else (np.float32(1.0), np.float32)
         self.buffer = np.full(elements, *one)  # 1.0 everywhere: every page written, nothing overflows
         self.step_bytes = self.buffer.nbytes
-        widest = max(max(out, n_in) for _, out, n_in in self.products)
-        self.x = np.ones(max(widest, elements // self.hidden), np.float32)
-        self.y = np.empty(max(widest, elements // self.hidden), np.float32)
-        self.dtype = dtype
-        self.fetch = {layout: gemv_fetch.fetch(dtype, layout) for layout in ("rows", "cols")}
+        self.one_rows = elements // self.hidden  # the "one" arm's [one_rows, hidden] product
+        self.one_bytes = self.one_rows * self.hidden * self.buffer.itemsize
         side = max(1, int((reading_bytes // 4) ** 0.5))
         self.reading = np.ones((side, side), np.float32)  # [out, in]: the limit's read, float32 rows
+        widest = max(side, self.one_rows, *(max(out, n_in) for _, out, n_in in self.products))
+        self.x, self.y = np.ones(widest, np.float32), np.empty(widest, np.float32)  # every product's x and y fit
+        self.dtype = dtype
+        self.fetch = {layout: gemv_fetch.fetch(dtype, layout) for layout in ("rows", "cols")}
         self.reading_fetch = gemv_fetch.fetch("float32", "rows")
 
     def _product(self, layout: str, offset: int, out: int, n_in: int) -> None:
@@ -102,26 +103,22 @@ class Reads:
         """One pass of arm `name` over the step's bytes: its read rate, bytes/s."""
         start = time.perf_counter()
         if name == "one":
-            self._product("rows", 0, self.buffer.size // self.hidden, self.hidden)
+            self._product("rows", 0, self.one_rows, self.hidden)
         else:
             offset = 0
             for product, out, n_in in self.products:
                 self._product("rows" if name == "rows" or product == "head" else "cols", offset, out, n_in)
                 offset += out * n_in
         seconds = time.perf_counter() - start
-        read = (
-            self.step_bytes if name != "one" else (self.buffer.size // self.hidden) * self.hidden * self.buffer.itemsize
-        )
-        return read / seconds
+        return (self.one_bytes if name == "one" else self.step_bytes) / seconds
 
     def read_rate(self) -> float:
         """The limit's read: one float32 product over the reading matrix, bytes/s."""
         side = self.reading.shape[0]
         start = time.perf_counter()
         self.kernels[("float32", "rows")](
-            self.x[:side].ctypes.data, self.reading.ctypes.data, None, self.y.ctypes.data, 1, side, side,
-            self.reading_fetch,
-        )  # fmt: skip
+            self.x.ctypes.data, self.reading.ctypes.data, None, self.y.ctypes.data, 1, side, side, self.reading_fetch
+        )
         return self.reading.nbytes / (time.perf_counter() - start)
 
 

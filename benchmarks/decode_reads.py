@@ -13,13 +13,16 @@ backends' launchers choose (kernels/cpu/gemv_fetch.py), in three arms over one b
           them); the head in rows, as both backends take it
     one   the whole buffer as one product of hidden-wide rows: the step's bytes in a single stream
 
+With `--fetch both` the rows and cols arms run twice, each with the fetch forced one way (rows/ahead, rows/hardware,
+cols/ahead, cols/hardware): whether the choice gemv_fetch.py makes on its one 32 MB pass holds in the step's shapes.
+
 Every arm reads the same buffer (the layers' weights carved out of it in the order a step reads them: the favourable
 case, a loader's tensors lie apart), each right after the limit's own 1 GiB read, the arms' order rotating round by
 round. These VMs' read rate moves between states within seconds (docs/benchmarks.md), so the rounds are split into
 thirds by the reading taken just before them and each third gives each arm's median rate over that reading: what a
 layer-by-layer decode could reach at most, state by state, on this machine.
 
-    python benchmarks/decode_reads.py [--dtype bfloat16] [--rounds 200] [--shape qwen3-0.6b]
+    python benchmarks/decode_reads.py [--dtype bfloat16] [--rounds 200] [--shape qwen3-0.6b] [--fetch both]
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from benchmarks.machine import describe, line  # noqa: E402
 from benchmarks.qwen3_shape import SHAPES  # noqa: E402
 from spec import ModelSpec  # noqa: E402
 
-ARMS = ("rows", "cols", "one")
+ARMS = ("rows", "cols", "one")  # with --fetch both: FETCHED_ARMS
+FETCHED_ARMS = ("rows/ahead", "rows/hardware", "cols/ahead", "cols/hardware", "one")
 SIZES = {"float32": 4, "bfloat16": 2}
 _P, _L = ctypes.c_void_p, ctypes.c_long
 
@@ -94,23 +98,28 @@ class Reads:
         self.fetch = {layout: gemv_fetch.fetch(dtype, layout) for layout in ("rows", "cols")}
         self.reading_fetch = gemv_fetch.fetch("float32", "rows")
 
-    def _product(self, layout: str, offset: int, out: int, n_in: int) -> None:
+    def _product(self, layout: str, offset: int, out: int, n_in: int, fetch: int) -> None:
         run = self.kernels[(self.dtype, layout)]
         w = self.buffer.ctypes.data + offset * self.buffer.itemsize
-        run(self.x.ctypes.data, w, None, self.y.ctypes.data, 1, n_in, out, self.fetch[layout])
+        run(self.x.ctypes.data, w, None, self.y.ctypes.data, 1, n_in, out, fetch)
 
     def arm(self, name: str) -> float:
-        """One pass of arm `name` over the step's bytes: its read rate, bytes/s."""
+        """One pass of arm `name` (ARMS, FETCHED_ARMS) over the step's bytes: its read rate, bytes/s."""
+        from kernels.cpu import gemv_fetch
+
+        layout, _, form = name.partition("/")  # a forced fetch after the slash, else each layout's chosen one
+        fetch = {key: gemv_fetch.CODES[form] for key in self.fetch} if form else self.fetch
         start = time.perf_counter()
-        if name == "one":
-            self._product("rows", 0, self.one_rows, self.hidden)
+        if layout == "one":
+            self._product("rows", 0, self.one_rows, self.hidden, fetch["rows"])
         else:
             offset = 0
             for product, out, n_in in self.products:
-                self._product("rows" if name == "rows" or product == "head" else "cols", offset, out, n_in)
+                kind = "rows" if layout == "rows" or product == "head" else "cols"
+                self._product(kind, offset, out, n_in, fetch[kind])
                 offset += out * n_in
         seconds = time.perf_counter() - start
-        return (self.one_bytes if name == "one" else self.step_bytes) / seconds
+        return (self.one_bytes if layout == "one" else self.step_bytes) / seconds
 
     def read_rate(self) -> float:
         """The limit's read: one float32 product over the reading matrix, bytes/s."""
@@ -122,14 +131,14 @@ class Reads:
         return self.reading.nbytes / (time.perf_counter() - start)
 
 
-def measure(reads: Reads, rounds: int) -> list[dict]:
+def measure(reads: Reads, rounds: int, arms: tuple[str, ...] = ARMS) -> list[dict]:
     """`rounds` rounds of every arm, each right after a reading, the arms' order rotating: one record per arm run."""
-    for name in ARMS:  # warm-up: the first passes after the pages are mapped run slower
+    for name in arms:  # warm-up: the first passes after the pages are mapped run slower
         reads.read_rate()
         reads.arm(name)
     records = []
     for r in range(rounds):
-        for name in ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]:
+        for name in arms[r % len(arms) :] + arms[: r % len(arms)]:
             reading = reads.read_rate()
             records.append({"round": r, "arm": name, "reading": reading, "rate": reads.arm(name)})
     return records
@@ -137,14 +146,16 @@ def measure(reads: Reads, rounds: int) -> list[dict]:
 
 def by_state(records: list[dict]) -> list[dict]:
     """The records split into thirds by their reading (the machine's read-rate states, low to high): per third its
-    readings' range and, per arm, the median of rate / reading and of the rate, with the count."""
+    readings' range and, per arm (in the order the records first name them), the median of rate / reading and of
+    the rate, with the count."""
+    names = list(dict.fromkeys(r["arm"] for r in records))
     readings = sorted(r["reading"] for r in records)
     cuts = [readings[len(readings) // 3], readings[2 * len(readings) // 3]]
     thirds = []
     for lo, hi, label in ((None, cuts[0], "low"), (cuts[0], cuts[1], "middle"), (cuts[1], None, "high")):
         inside = [r for r in records if (lo is None or r["reading"] >= lo) and (hi is None or r["reading"] < hi)]
         arms = {}
-        for name in ARMS:
+        for name in names:
             mine = [r for r in inside if r["arm"] == name]
             if mine:
                 arms[name] = {
@@ -161,11 +172,13 @@ def by_state(records: list[dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=tuple(SIZES), default="bfloat16")
-    parser.add_argument("--rounds", type=int, default=200, help="rounds of the three arms (at least 3)")
+    parser.add_argument("--rounds", type=int, default=200, help="rounds of the arms (at least 3)")
     parser.add_argument("--shape", choices=sorted(s for s, spec in SHAPES.items() if not spec.num_experts),
                         default="qwen3-0.6b")  # fmt: skip
     parser.add_argument("--layers", type=int, default=None, help="the shape's first LAYERS layers only")
     parser.add_argument("--reading-mb", type=int, default=1024, help="the limit's read, MiB (bandwidth.py: 1024)")
+    parser.add_argument("--fetch", choices=("chosen", "both"), default="chosen",
+                        help="both: the rows and cols arms once with each fetch forced")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
     spec = SHAPES[args.shape]
@@ -186,18 +199,19 @@ def main(argv: list[str] | None = None) -> int:
         f"cols {reads.fetch['cols']}; {args.rounds} rounds",
         flush=True,
     )
-    thirds = by_state(measure(reads, args.rounds))
+    arms = FETCHED_ARMS if args.fetch == "both" else ARMS
+    thirds = by_state(measure(reads, args.rounds, arms))
     for third in thirds:
         lo, hi = third["reading_gb_s"]
-        arms = "; ".join(
+        cells = "; ".join(
             f"{name} {a['gb_s']:.1f} GB/s, x{a['ratio']:.3f} of its reading ({a['runs']})"
             for name, a in third["arms"].items()
         )
-        print(f"  {third['state']:6s} readings {lo:5.1f}-{hi:5.1f} GB/s: {arms}")
+        print(f"  {third['state']:6s} readings {lo:5.1f}-{hi:5.1f} GB/s: {cells}")
     if args.json is not None:
         figures = {
             "machine": describe(), "shape": args.shape, "layers": spec.num_hidden_layers, "dtype": args.dtype,
-            "step_bytes": reads.step_bytes, "fetch": reads.fetch, "rounds": args.rounds, "states": thirds,
+            "step_bytes": reads.step_bytes, "fetch": reads.fetch, "arms": arms, "rounds": args.rounds, "states": thirds,
         }  # fmt: skip
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
     return 0

@@ -51,7 +51,7 @@ def test_a_run_times_every_arm_in_every_round(dtype, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "machine:" in text and "(1 layers)" in text
     figures = json.loads(out.read_text())
-    assert figures["layers"] == 1 and figures["dtype"] == dtype
+    assert figures["layers"] == 1 and figures["dtype"] == dtype and figures["arms"] == list(decode_reads.ARMS)
     size = decode_reads.SIZES[dtype]
     one_layer = dataclasses.replace(SHAPES["qwen3-0.6b"], num_hidden_layers=1)
     norms = 2 * one_layer.hidden_size + 2 * one_layer.head_dim + one_layer.hidden_size
@@ -64,8 +64,20 @@ def test_a_run_times_every_arm_in_every_round(dtype, tmp_path, capsys):
     assert len(printed) == len(figures["states"]) and all(re.search(r"x[0-9.]+ of its reading", r) for r in printed)
 
 
+@needs_kernel
+def test_both_fetches_run_as_arms_of_their_own(tmp_path):
+    out = tmp_path / "reads.json"
+    argv = ["--rounds", "3", "--layers", "1", "--reading-mb", "4", "--fetch", "both", "--json", str(out)]
+    assert decode_reads.main(argv) == 0
+    figures = json.loads(out.read_text())
+    assert figures["arms"] == list(decode_reads.FETCHED_ARMS)
+    for arm in decode_reads.FETCHED_ARMS:
+        assert sum(t["arms"].get(arm, {"runs": 0})["runs"] for t in figures["states"]) == 3, arm
+
+
 @pytest.mark.parametrize(
-    "argv", [["--rounds", "2"], ["--layers", "0"], ["--shape", "qwen3-moe"], ["--dtype", "float16"]]
+    "argv",
+    [["--rounds", "2"], ["--layers", "0"], ["--shape", "qwen3-moe"], ["--dtype", "float16"], ["--fetch", "ahead"]],
 )
 def test_bad_arguments_are_refused(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:

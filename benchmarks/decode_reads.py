@@ -1,8 +1,9 @@
 """The weight-streaming limit asked in a decode step's own shapes: a step's products alone, each layout, against the
-read that sets the limit.
+limit's 1 GiB read on the same kernel.
 
 benchmarks/cpu_decode.py sets each backend's decode against the weight-streaming limit: the read rate of one 1 GiB
-float32 product on the project's CPU product kernel (benchmarks/bandwidth.py), over the bytes a token reads. A step
+float32 product (the best of its readers, the project's CPU product kernel among them: benchmarks/bandwidth.py) over
+the bytes a token reads. A step
 does not read one stream, though: it reads every layer's q, k, v, o, gate_up and down (1-25 MB each in Qwen3-0.6B),
 then the head, each product ending at a barrier. This script times exactly those products and nothing else (no
 attention, norms or dispatch), on the same kernel's OpenMP driver (kernels/cpu/gemv.c) with the software fetch the
@@ -28,7 +29,6 @@ layer-by-layer decode could reach at most, state by state, on this machine.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import json
 import statistics
@@ -48,7 +48,6 @@ from spec import ModelSpec  # noqa: E402
 ARMS = ("rows", "cols", "one")  # with --fetch both: FETCHED_ARMS
 FETCHED_ARMS = ("rows/ahead", "rows/hardware", "cols/ahead", "cols/hardware", "one")
 SIZES = {"float32": 4, "bfloat16": 2}
-_P, _L = ctypes.c_void_p, ctypes.c_long
 
 
 def step_products(spec: ModelSpec) -> list[tuple[str, int, int]]:
@@ -64,25 +63,13 @@ def step_products(spec: ModelSpec) -> list[tuple[str, int, int]]:
     ]
 
 
-def _kernels() -> dict[tuple[str, str], ctypes._CFuncPtr] | None:
-    from kernels.cpu import build
-
-    argtypes = [_P, _P, _P, _P, _L, _L, _L, _L]  # x, w, b, y, m, in, out, fetch
-    names = {
-        (dtype, layout): (f"gemv_{layout}_{'f32' if dtype == 'float32' else 'bf16'}", argtypes)
-        for dtype in SIZES
-        for layout in ("rows", "cols")
-    }
-    return build.functions("gemv", names)
-
-
 class Reads:
     """The arms and the limit's read, set up once: one buffer of the step's bytes, the products carved out of it."""
 
     def __init__(self, spec: ModelSpec, dtype: str, reading_bytes: int):
         from kernels.cpu import gemv_fetch
 
-        self.kernels, self.hidden = _kernels(), spec.hidden_size
+        self.kernels, self.hidden, self.codes = gemv_fetch.drivers(), spec.hidden_size, gemv_fetch.CODES
         self.products = step_products(spec)
         elements = sum(out * n_in for _, out, n_in in self.products)
         one = (np.uint16(0x3F80), np.uint16) if dtype == "bfloat16" else (np.float32(1.0), np.float32)
@@ -105,10 +92,8 @@ class Reads:
 
     def arm(self, name: str) -> float:
         """One pass of arm `name` (ARMS, FETCHED_ARMS) over the step's bytes: its read rate, bytes/s."""
-        from kernels.cpu import gemv_fetch
-
         layout, _, form = name.partition("/")  # a forced fetch after the slash, else each layout's chosen one
-        fetch = {key: gemv_fetch.CODES[form] for key in self.fetch} if form else self.fetch
+        fetch = {key: self.codes[form] for key in self.fetch} if form else self.fetch
         start = time.perf_counter()
         if layout == "one":
             self._product("rows", 0, self.one_rows, self.hidden, fetch["rows"])
@@ -186,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 3 (three states), --reading-mb and --layers at least 1")
     if args.layers is not None:
         spec = dataclasses.replace(spec, num_hidden_layers=min(args.layers, spec.num_hidden_layers))
-    from kernels.cpu import build
+    from kernels.cpu import build, gemv_fetch
 
-    if _kernels() is None:
+    if gemv_fetch.drivers() is None:
         print(f"decode_reads: the CPU product kernel does not run here: {build.unavailable('gemv')}", file=sys.stderr)
         return 1
     print(line())

@@ -84,11 +84,11 @@ static inline float hsum(__m256 v) {
  * in chunk order. A chunk's rows are cut into ROW_TILE runs of q consecutive rows, and each pass over the partial
  * adds one row of each run, so the kernel reads ROW_TILE long contiguous streams (as the rows layout does, and for
  * the same reason) and reads and writes the partial a quarter as often; the chunk's last rows past 4q are added
- * one at a time. The order of the additions is fixed by the shape. A chunk is at least CHUNK_ROWS rows (all of W where
- * it has fewer), and there are at most MAX_CHUNKS: each chunk also zeroes its partial and adds it in the reduction, work
- * that does not shrink with the chunk, and chunks of 128 rows made a decode layer measurably slower than chunks of 256
- * (docs/benchmarks.md). So up to in / CHUNK_ROWS threads share a cols product (4 at the 0.6B shape's hidden size of 1024, 16
- * from 4096 on); the rows layout is cut by outputs, among any number. */
+ * one at a time. The order of the additions is fixed by the shape. A chunk is at least CHUNK_ROWS rows (all of W
+ * where it has fewer), and there are at most MAX_CHUNKS: each chunk also zeroes its partial and adds it in the
+ * reduction, work that does not shrink with the chunk, and chunks of 128 rows made a decode layer measurably slower
+ * than chunks of 256 (docs/benchmarks.md). So up to in / CHUNK_ROWS threads share a cols product (4 at the 0.6B
+ * shape's hidden size of 1024, 16 from 4096 on); the rows layout is cut by outputs, among any number. */
 enum { CHUNK_ROWS = 256, MAX_CHUNKS = 16 };
 long gemv_cols_chunks(long in) {
     long c = in / CHUNK_ROWS;

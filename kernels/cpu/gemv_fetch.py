@@ -36,7 +36,9 @@ _P, _L = ctypes.c_void_p, ctypes.c_long
 
 
 @functools.cache
-def _drivers() -> dict[tuple[str, str], ctypes._CFuncPtr] | None:
+def drivers() -> dict[tuple[str, str], ctypes._CFuncPtr] | None:
+    """The kernel's whole-product OpenMP drivers (gemv.h's gemv_LAYOUT_T) per (dtype, layout), for ctypes calls
+    (x, w, b, y, m, in, out, fetch); None where the "gemv" library cannot be loaded here."""
     argtypes = [_P, _P, _P, _P, _L, _L, _L, _L]  # x, w, b, y, m, in, out, fetch
     names = {
         (dtype, layout): (f"gemv_{layout}_{'f32' if dtype == 'float32' else 'bf16'}", argtypes)
@@ -52,7 +54,7 @@ def fetch(dtype: str, layout: str) -> int:
     eviction does not run here, no measurement can be made and the fetch the kernel had stays (1)."""
     if dtype not in DTYPES or layout not in LAYOUTS:
         raise ValueError(f"gemv_fetch: dtype {dtype!r} (one of {DTYPES}) and layout {layout!r} (one of {LAYOUTS})")
-    if _drivers() is None or not evict.available():  # settle and choose both give a forced form first
+    if drivers() is None or not evict.available():  # settle and choose both give a forced form first
         return CODES[FETCH.settle((dtype, layout), "ahead")]
     return CODES[FETCH.choose((dtype, layout), lambda: _passes(dtype, layout))]
 
@@ -67,7 +69,7 @@ def _passes(dtype: str, layout: str) -> dict[str, Pass]:
     weight = np.full(shape, *one)
     x = np.ones((1, PASS_IN), np.float32)
     y = np.empty((1, width), np.float32)
-    run, evicting = _drivers()[(dtype, layout)], evict.evicting([(weight.ctypes.data, weight.nbytes)])
+    run, evicting = drivers()[(dtype, layout)], evict.evicting([(weight.ctypes.data, weight.nbytes)])
 
     def form(code: int) -> Pass:
         def timed() -> None:

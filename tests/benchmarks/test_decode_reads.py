@@ -11,8 +11,9 @@ import pytest
 
 from benchmarks import decode_reads
 from benchmarks.qwen3_shape import SHAPES, active_parameters
+from kernels.cpu import gemv_fetch
 
-needs_kernel = pytest.mark.skipif(decode_reads._kernels() is None, reason="the CPU product kernel does not run here")
+needs_kernel = pytest.mark.skipif(gemv_fetch.drivers() is None, reason="the CPU product kernel does not run here")
 
 
 def test_the_products_are_the_weights_a_token_reads_less_the_norms():

@@ -6,11 +6,11 @@ nnx.Linear's own, so the loader, sharding rules and checkpoints see no differenc
 
 A product x [m, in] @ W with few rows m (a decode step) streams W, and how fast depends on how XLA:CPU lowers it,
 which depends on the processor and the dtype; a product of more rows (a prompt's, a training step's forward) is
-compute-bound. The forms that compute it (the single dot, split, pad, the project's CPU kernels gemv and gemm) are
-jax_impl/product_forms.py's, which says why each one exists; `forms_for` says which apply to a product. A key of
-more than CHOICE_MAX_ROWS rows is kept per power-of-two bucket of rows (`rows_key`) and timed at no more than
-TIMED_MAX_ROWS rows over TIMED_MANY_COPIES distinct weights: compute-bound, its rate at a few hundred rows stands
-for more.
+compute-bound. The forms that compute it (the single dot, split, pad, the project's CPU kernels gemv, gemm and
+upcast) are jax_impl/product_forms.py's, which says why each one exists; `forms_for` says which apply to a product. A
+key of more than CHOICE_MAX_ROWS rows is kept per power-of-two bucket of rows (`rows_key`) and timed at no more than
+TIMED_MAX_ROWS rows over TIMED_MANY_COPIES distinct weights: compute-bound, its rate at a few hundred rows stands for
+more.
 
 None is fixed: the first trace of each (rows, in, out, dtype, layout) key asks `PATHS` (spec/path_choice.py),
 which times the forms that apply, each a small program of its own (jax_impl/product_timing.py), over distinct
@@ -49,8 +49,9 @@ from spec.path_choice import PathChoice
 # The first a key offers is its default, which another form replaces only by beating it in every timed round: the
 # project's kernel where one applies -- the few-row one (it reads each weight once, in its stored layout), the many-row
 # one (its timed passes vary far less than XLA's dot's on a prompt's product, so that with the dot as the default a dot
-# slower on the median kept keys by winning one round: docs/design.md, "The kernels") -- else the single dot.
-PATHS = PathChoice("jax_impl.linear", ("gemv", "gemm", "dot", "split", "pad"))
+# slower on the median kept keys by winning one round: docs/design.md, "The kernels"), for bfloat16 the one on its
+# own bf16 instructions before the float32-compute one -- else the single dot.
+PATHS = PathChoice("jax_impl.linear", ("gemv", "gemm", "upcast", "dot", "split", "pad"))
 CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight (a decode step's); more are compute-bound
 TIMED_MAX_ROWS = 256  # a compute-bound key is timed at no more rows than this
 TIMED_MANY_COPIES = 2  # ... over this many distinct weights: reading them is a small share of its time
@@ -72,7 +73,7 @@ def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=No
 
     Up to CHOICE_MAX_ROWS token rows: split, float32 x @ W[in, out] with in-features that make SPLIT_CHUNKS equal
     blocks; pad, a single bfloat16 row; gemv, where the CPU kernel was built. More rows: gemm, x @ W[in, out] where
-    the many-row kernel of its dtype was built (kernels/cpu/jax_gemm.py)."""
+    the many-row kernel of its dtype was built, and for bfloat16 upcast where gemm.c was (kernels/cpu/jax_gemm.py)."""
     axis = _contracted(lhs, rhs, dimension_numbers)
     rows = math.prod(lhs.shape[:-1])
     if not (
@@ -86,7 +87,10 @@ def forms_for(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=No
         return ("dot",)
     x2 = jax.ShapeDtypeStruct((rows, lhs.shape[-1]), lhs.dtype)
     if rows > CHOICE_MAX_ROWS:
-        return ("dot", "gemm") if axis == 0 and jax_gemm.supports(x2, rhs) else ("dot",)
+        if axis != 0:
+            return ("dot",)
+        gemm = ("gemm",) if jax_gemm.supports(x2, rhs) else ()
+        return ("dot", *gemm, *(("upcast",) if jax_gemm.supports_upcast(x2, rhs) else ()))
     f32 = jnp.dtype(lhs.dtype) == jnp.float32  # see the docstring for why each form has its dtype
     split = ("split",) if f32 and axis == 0 and rhs.shape[0] % SPLIT_CHUNKS == 0 else ()
     pad = ("pad",) if rows == 1 and not f32 else ()

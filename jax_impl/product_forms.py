@@ -21,13 +21,17 @@ lowers it, which depends on the processor and the dtype. Four forms compute it:
   for up to jax_impl/linear.py's CHOICE_MAX_ROWS rows where it was built: XLA's matrix-vector code streams a
   chain of decode-sized weights below what the machine reads (docs/benchmarks.md).
 
-A product of more rows (a prompt's, a training step's forward) is compute-bound, and has two forms, x @ W only: the
-single dot, and
+A product of more rows (a prompt's, a training step's forward) is compute-bound, and has up to three forms, x @ W
+only: the single dot, and
 
 - gemm: the project's own GEMM (kernels/cpu/jax_gemm.py, an XLA custom call): float32 on AVX-512 (gemm.c),
   bfloat16 on AMX tiles (gemm_amx.c) or else on AVX512_BF16 (gemm_dpbf16.c), each built only where the processor
   has those instructions, for x @ W[in, out]. On such processors XLA:CPU's GEMM ran a prompt's products below what
   MKL, oneDNN on AMX, or vdpbf16ps reached (docs/benchmarks.md).
+- upcast (bfloat16): bfloat16 storage, float32 compute, on gemm.c's float32 loops (each value widened as it is
+  packed), on any AVX-512 processor: where the bf16 instructions run below the float32 FMAs (vdpbf16ps on an Intel
+  Xeon without AMX exposed), or there are none (AVX-512 without AVX512_BF16), the faster form. torch_impl's
+  "upcast" is the same arithmetic on its libraries' float32 GEMM.
 
 Every form accumulates in float32 and rounds once to the output dtype; they differ only by summation order
 (tests/jax_impl/test_linear.py checks each against a float64 product).
@@ -96,4 +100,10 @@ def _gemm(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_elemen
     return out.astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], -1)  # [..., out]
 
 
-FORMS = {"dot": _single, "split": _split, "pad": _pad, "gemv": _gemv, "gemm": _gemm}
+def _upcast(lhs: jax.Array, rhs: jax.Array, axis: int, precision, preferred_element_type) -> jax.Array:
+    x = lhs.reshape(-1, lhs.shape[-1])  # [m, in]
+    out = jax_gemm.upcast(x, rhs)  # [m, out], float32 (axis 0 only)
+    return out.astype(preferred_element_type or lhs.dtype).reshape(*lhs.shape[:-1], -1)  # [..., out]
+
+
+FORMS = {"dot": _single, "split": _split, "pad": _pad, "gemv": _gemv, "gemm": _gemm, "upcast": _upcast}

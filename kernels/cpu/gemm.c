@@ -1,20 +1,28 @@
-/* Many-row float32 products y[m, out] = x[m, in] . W[in, out] on AVX-512: a prompt's products (prefill, a training
- * step's forward) for jax_impl, where XLA:CPU's own GEMM runs these shapes below the processor's FMA rate
- * (docs/benchmarks.md). W is Flax's kernel layout [in, out]. Built by kernels/cpu/build.py only where the processor
- * has avx512f, bound to XLA by gemm_ffi.cc; reference: kernels/cpu/reference.py.
+/* Many-row products y[m, out] = x[m, in] . W[in, out] computed in float32 on AVX-512: a prompt's products (prefill,
+ * a training step's forward) for jax_impl, where XLA:CPU's own GEMM runs these shapes below the processor's FMA rate
+ * (docs/benchmarks.md). W is Flax's kernel layout [in, out]. Two entries share the loops: gemm_f32_item (float32
+ * operands) and gemm_bf16_f32_item (bfloat16 storage, float32 compute: each bf16 value widened exactly to float32 as
+ * it is packed, so the result is bit for bit the float32 entry's on the widened operands). The second is for
+ * processors whose bf16 instructions, where they have any, run below their float32 FMAs (an Intel Xeon without AMX
+ * exposed: vdpbf16ps, gemm_dpbf16.c, reached two thirds of this loop's rate; docs/benchmarks.md). Built by
+ * kernels/cpu/build.py only where the processor has avx512f, bound to XLA by gemm_ffi.cc; reference:
+ * kernels/cpu/reference.py.
  *
  * Blocking. W is taken in panels of PANEL columns by KC rows, each copied ("packed") into a contiguous [KC, PANEL]
  * buffer (32 KB) that stays in L1 while every row tile of a block of up to MC rows of x runs over it: W's own rows
  * lie `out` floats apart, and rows 4-24 KB apart map to the same L1 sets and evict each other (unpacked, the same
  * loops ran at a fraction of the rate). The register tile is MR rows of y by PANEL columns: 2 * MR zmm
- * accumulators, two of W, x's entries broadcast from memory.
+ * accumulators, two of W, x's entries broadcast from memory (the bf16 entry's from a float32 copy of the block's
+ * [rows, KC] of x, made once per K block).
  *
  * Each output is one chain of fused multiply-adds in k order: a tile's accumulators start from y's partial sum of
  * the KC blocks before (or zero), so neither the blocking nor the thread count changes a result. Work is cut into
  * items (gemm_items): a block of MC rows by a span of panels, independent of each other.
  */
 #include <immintrin.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { MR = 12, PANEL = 32, KC = 256, MC = 192 };
 
@@ -70,25 +78,84 @@ static void tiles(const float *x, long in, const float *buf, long k0, long kc, f
     }
 }
 
-/* Item `item` of `items`: items / gemm_row_blocks(m) spans of panels for each block of MC rows. Returns 0, or -1
- * where the packing buffer could not be had (the caller reports it). */
-int gemm_f32_item(const float *x, const float *w, float *y, long m, long in, long out, long item, long items) {
+static __mmask16 lanes(long width) { return width >= 16 ? 0xFFFF : width <= 0 ? 0 : (__mmask16)((1u << width) - 1); }
+
+/* bf16 bits to float32: they are its upper half, so the value is exact */
+static inline __m512 widen(__m256i bits) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+/* 16 bf16 values from p, the lanes past `width` zero; a short run is copied first, so nothing past it is read (masked
+ * 16-bit loads would need AVX512BW, which this file does not ask for) */
+static inline __m512 widen_loadu(const uint16_t *p, long width) {
+    if (width >= 16) return widen(_mm256_loadu_si256((const __m256i *)p));
+    uint16_t part[16] = {0};
+    if (width > 0) memcpy(part, p, sizeof(uint16_t) * width);
+    return widen(_mm256_loadu_si256((const __m256i *)part));
+}
+
+/* the bf16 entry's pack: W[k0 : k0 + kc, c0 : c0 + width] widened into buf [kc, PANEL], the columns past `width`
+ * zero */
+static void pack_bf16(const uint16_t *w, long out, long k0, long kc, long c0, long width, float *buf) {
+    for (long kk = 0; kk < kc; kk++) {
+        const uint16_t *row = w + (k0 + kk) * out + c0;
+        _mm512_store_ps(buf + kk * PANEL, widen_loadu(row, width));
+        _mm512_store_ps(buf + kk * PANEL + 16, widen_loadu(row + 16, width - 16));
+    }
+}
+
+/* x[r0 : r0 + rows, k0 : k0 + kc] (float32, or bf16 widened) into xs [rows, KC]: the tiles' 12 rows of x then lie
+ * 1 KB apart, not `in` values (rows 4 KB apart would share one L1 set) */
+static void x_block(const float *x, const uint16_t *x16, long in, long r0, long rows, long k0, long kc, float *xs) {
+    for (long r = 0; r < rows; r++) {
+        const long at = (r0 + r) * in + k0;
+        if (x16 == NULL) {
+            memcpy(xs + r * KC, x + at, sizeof(float) * kc);
+            continue;
+        }
+        for (long kk = 0; kk < kc; kk += 16) _mm512_storeu_ps(xs + r * KC + kk, widen_loadu(x16 + at + kk, kc - kk));
+    }
+}
+
+/* Item `item` of `items`: items / gemm_row_blocks(m) spans of panels for each block of MC rows, x and W float32 or
+ * (x16, w16 not NULL) bf16, widened into the x block and the panels. Returns 0, or -1 where a buffer could not be had
+ * (the caller reports it). */
+static int item_of(const float *x, const float *w, const uint16_t *x16, const uint16_t *w16, float *y, long m, long in,
+                   long out, long item, long items) {
     const long blocks = gemm_row_blocks(m), spans = items / blocks, panels = gemm_panels(out);
     const long block = item / spans, span = item % spans;
     const long r0 = block * MC, rows = m - r0 < MC ? m - r0 : MC;
     const long p0 = panels * span / spans, p1 = panels * (span + 1) / spans;
-    float *buf = aligned_alloc(64, sizeof(float) * KC * PANEL);
-    if (buf == NULL) return -1;
+    float *buf = aligned_alloc(64, sizeof(float) * KC * PANEL), *xs = aligned_alloc(64, sizeof(float) * MC * KC);
+    if (buf == NULL || xs == NULL) {
+        free(buf);
+        free(xs);
+        return -1;
+    }
     for (long k0 = 0; k0 < in; k0 += KC) {
         const long kc = in - k0 < KC ? in - k0 : KC;
+        x_block(x, x16, in, r0, rows, k0, kc, xs);
         for (long p = p0; p < p1; p++) {
             const long c0 = p * PANEL, width = out - c0 < PANEL ? out - c0 : PANEL;
-            const __mmask16 lo = width >= 16 ? 0xFFFF : (__mmask16)((1u << width) - 1);
-            const __mmask16 hi = width >= 32 ? 0xFFFF : width <= 16 ? 0 : (__mmask16)((1u << (width - 16)) - 1);
-            pack(w, out, k0, kc, c0, lo, hi, buf);
-            tiles(x + r0 * in, in, buf, k0, kc, y + r0 * out, out, c0, lo, hi, k0 == 0, rows);
+            const __mmask16 lo = lanes(width), hi = lanes(width - 16);
+            if (w16 != NULL) {
+                pack_bf16(w16, out, k0, kc, c0, width, buf);
+            } else {
+                pack(w, out, k0, kc, c0, lo, hi, buf);
+            }
+            tiles(xs, KC, buf, 0, kc, y + r0 * out, out, c0, lo, hi, k0 == 0, rows);
         }
     }
     free(buf);
+    free(xs);
     return 0;
+}
+
+int gemm_f32_item(const float *x, const float *w, float *y, long m, long in, long out, long item, long items) {
+    return item_of(x, w, NULL, NULL, y, m, in, out, item, items);
+}
+
+int gemm_bf16_f32_item(const uint16_t *x, const uint16_t *w, float *y, long m, long in, long out, long item,
+                       long items) {
+    return item_of(NULL, NULL, x, w, y, m, in, out, item, items);
 }

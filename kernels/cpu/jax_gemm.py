@@ -1,6 +1,6 @@
 """JAX launcher of the CPU many-row products (kernels/cpu/gemm.c for float32 on AVX-512; for bfloat16 gemm_amx.c on
 AMX, else gemm_dpbf16.c on AVX512_BF16; bound to XLA by gemm_ffi.cc, gemm_amx_ffi.cc and gemm_dpbf16_ffi.cc):
-`gemm(x, w)`.
+`gemm(x, w)`; and `upcast(x, w)`, a bfloat16 product computed in float32 by gemm.c's loops (UPCAST).
 
 jax_impl/linear.py offers it as the form "gemm" beside the single dot for the products of more than a decode step's
 rows (a prompt's, a training step's forward), chosen by measurement. x [rows, in] @ W [in, out] (Flax's kernel
@@ -9,8 +9,10 @@ libraries, each built only where the processor has what it is compiled for (kern
 processor without AVX512_BF16 has the float32 one alone. Where bfloat16 has two, AMX's is taken: one tile
 instruction does 16 x 16 x 32 multiply-adds where vdpbf16ps does 16 x 2, and AMX's kernel was measured above the
 rate vdpbf16ps can reach on those cores at all (docs/benchmarks.md); vdpbf16ps is for processors without tiles (AMD
-Zen 4, Intel Cooper Lake). A custom call inside a jitted program (jax.ffi.ffi_call), differentiable: its
-backward is the two plain products (jax_gemv.backward). CPU only.
+Zen 4, Intel Cooper Lake). Whether vdpbf16ps beats the float32 FMAs depends on the core, not on a flag (on an Intel
+Xeon without AMX exposed it ran below them; on AMD Zen 4 above): jax_impl/linear.py offers `upcast` as a form of its
+own beside `gemm` and times the two. Each is a custom call inside a jitted program (jax.ffi.ffi_call),
+differentiable: its backward is the two plain products (jax_gemv.backward). CPU only.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ LIBRARIES = {  # per dtype, (library, symbol) in order of preference (the docstr
     "float32": (("gemm_xla", "GemmF32"),),
     "bfloat16": (("gemm_amx_xla", "GemmAmxBF16"), ("gemm_dpbf16_xla", "GemmDpBF16")),
 }
+UPCAST = ("gemm_xla", "GemmBF16F32")  # bfloat16 operands widened to float32 as gemm.c packs them: AVX-512F alone
 _refused: dict[str, str] = {}  # per library
 
 
@@ -81,7 +84,24 @@ def supports(x: jax.Array, w: jax.Array) -> bool:
     )
 
 
-@jax.custom_vjp
+def upcast_available() -> bool:
+    """Whether gemm.c's bfloat16 entry (UPCAST) is built and registered with XLA here."""
+    return _registered(*UPCAST)
+
+
+def supports_upcast(x: jax.Array, w: jax.Array) -> bool:
+    """x [rows, in] and w [in, out] both bfloat16, in >= 1, on the CPU, with gemm.c built here (UPCAST)."""
+    return (
+        x.ndim == 2
+        and w.ndim == 2
+        and x.shape[0] > 0
+        and x.shape[1] == w.shape[0] > 0
+        and x.dtype == w.dtype == jnp.bfloat16
+        and jax.default_backend() == "cpu"
+        and upcast_available()
+    )
+
+
 def gemm(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [rows, in] @ w [in, out] -> [rows, out] float32; a ValueError naming the operands where `supports` does not
     hold."""
@@ -92,20 +112,37 @@ def gemm(x: jax.Array, w: jax.Array) -> jax.Array:
             f"gemm: x {x.shape} {x.dtype}, w {w.shape} {w.dtype}: needs x [rows, in] and w [in, out] of one dtype "
             f"among {sorted(LIBRARIES)}, on the CPU, with its kernel built ({why})"
         )
+    return _product(library(jnp.dtype(x.dtype).name)[1], x, w)
+
+
+def upcast(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [rows, in] @ w [in, out] -> [rows, out] float32 for bfloat16 operands, computed in float32 (bit for bit
+    `gemm` of their float32 copies); a ValueError naming the operands where `supports_upcast` does not hold."""
+    if not supports_upcast(x, w):
+        why = _refused.get(UPCAST[0]) or build.unavailable(UPCAST[0]) or "built"
+        raise ValueError(
+            f"upcast: x {x.shape} {x.dtype}, w {w.shape} {w.dtype}: needs x [rows, in] and w [in, out], both "
+            f"bfloat16, on the CPU, with gemm.c built ({why})"
+        )
+    return _product(UPCAST[1], x, w)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _product(symbol: str, x: jax.Array, w: jax.Array) -> jax.Array:
     call = jax.ffi.ffi_call(
-        _target(library(jnp.dtype(x.dtype).name)[1]),
+        _target(symbol),
         jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32),  # [rows, out]
         vmap_method="sequential",
     )
     return call(x, w)
 
 
-def _forward(x: jax.Array, w: jax.Array):
-    return gemm(x, w), (x, w)
+def _forward(symbol: str, x: jax.Array, w: jax.Array):
+    return _product(symbol, x, w), (x, w)
 
 
-def _backward(saved, g: jax.Array):
+def _backward(_symbol: str, saved, g: jax.Array):
     return backward("cols", saved, g)
 
 
-gemm.defvjp(_forward, _backward)
+_product.defvjp(_forward, _backward)

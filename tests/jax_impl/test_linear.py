@@ -5,6 +5,7 @@ Nothing here depends on which form is the faster on this machine: each test hold
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,7 @@ ON_CPU = jax.default_backend() == "cpu"
 GEMV = ("gemv",) if ON_CPU and jax_gemv.available() else ()  # the CPU kernel, where it was built
 GEMM = ("gemm",) if ON_CPU and jax_gemm.available("float32") else ()  # the many-row kernel, where built (AVX-512)
 GEMM_BF16 = ("gemm",) if ON_CPU and jax_gemm.available("bfloat16") else ()  # bfloat16's (AMX or AVX512_BF16)
+UPCAST = ("upcast",) if ON_CPU and jax_gemm.upcast_available() else ()  # bfloat16 on gemm.c's float32 loops
 
 
 def max_rel(got: jax.Array, want: np.ndarray) -> float:
@@ -91,7 +93,7 @@ def test_which_products_have_a_choice():
     assert forms_for(xb, wb, LINEAR_DIMS) == ("dot", *GEMV)  # bfloat16, 8 rows: neither split nor pad
     many = jnp.ones((CHOICE_MAX_ROWS + 1, 64))  # prefill-sized: the single dot, or the many-row kernel in float32
     assert forms_for(many, w, LINEAR_DIMS) == ("dot", *GEMM)
-    assert forms_for(many.astype(jnp.bfloat16), wb, LINEAR_DIMS) == ("dot", *GEMM_BF16)
+    assert forms_for(many.astype(jnp.bfloat16), wb, LINEAR_DIMS) == ("dot", *GEMM_BF16, *UPCAST)
     assert not has_choice(many, w.T, transposed)  # the many-row kernel takes W [in, out] only
     assert forms_for(x[:, :60], w[:60], LINEAR_DIMS) == ("dot", *GEMV)  # 60 rows of W: no 8 equal blocks
     assert forms_for(xb[:1, :60], wb[:60], LINEAR_DIMS) == (("dot", "pad", *GEMV) if ON_CPU else ("dot",))
@@ -110,30 +112,33 @@ def test_gemv_form_is_a_custom_call():
 
 
 GEMM_CASES = [
-    (jnp.float32, GEMM, "decoder_parity_GemmF32", MAX_REL),
-    (jnp.bfloat16, GEMM_BF16, f"decoder_parity_{(jax_gemm.library('bfloat16') or ('', 'none'))[1]}", BF16_REL),
+    ("gemm", jnp.float32, GEMM, "decoder_parity_GemmF32", MAX_REL),
+    ("gemm", jnp.bfloat16, GEMM_BF16, f"decoder_parity_{(jax_gemm.library('bfloat16') or ('', 'none'))[1]}", BF16_REL),
+    ("upcast", jnp.bfloat16, UPCAST, "decoder_parity_GemmBF16F32", BF16_REL),
 ]
 
 
-@pytest.mark.parametrize(("dtype", "kernel", "target", "tol"), GEMM_CASES)
-def test_gemm_form_is_a_custom_call(dtype, kernel, target, tol):
+@pytest.mark.parametrize(("path", "dtype", "kernel", "target", "tol"), GEMM_CASES)
+def test_gemm_form_is_a_custom_call(path, dtype, kernel, target, tol):
     """Pinned, the many-row kernel is what the compiled program calls (where it was built: else the single dot) and
-    computes the product; its backward is plain dots that match the float64 gradients."""
+    computes the product; its backward is plain dots that match the float64 gradients (bfloat16's, the single dot's)."""
     gen = np.random.default_rng(3)
     w = jnp.asarray(gen.standard_normal((67, 45)), dtype)
     x = jnp.asarray(gen.standard_normal((2, 13, 67)), dtype)  # [B, T, in]: 26 rows
     dims = (((2,), (0,)), ((), ()))
-    pinned = jax.jit(lambda x: dot_general(x, w, dims, precision=jax.lax.Precision.HIGHEST, path="gemm"))
+    pinned = jax.jit(lambda x: dot_general(x, w, dims, precision=jax.lax.Precision.HIGHEST, path=path))
     assert (target in pinned.lower(x).as_text()) == bool(kernel)
     got = pinned(x)
     assert got.dtype == dtype and max_rel(got, np.asarray(x, np.float64) @ np.asarray(w, np.float64)) <= tol
-    if dtype != jnp.float32:  # the gradients' arithmetic is the float32 case's
-        return
 
-    def loss(x, w):
-        return (dot_general(x, w, dims, precision=jax.lax.Precision.HIGHEST, path="gemm") ** 2).sum()
+    def loss(x, w, form=path):
+        return (dot_general(x, w, dims, precision=jax.lax.Precision.HIGHEST, path=form) ** 2).sum()
 
     dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
+    if dtype != jnp.float32:  # against the single dot's gradients, the same plain products in bfloat16
+        want = jax.grad(functools.partial(loss, form="dot"), argnums=(0, 1))(x, w)
+        assert all(max_rel(g, np.asarray(h, np.float64)) <= tol for g, h in zip((dx, dw), want, strict=True))
+        return
     x64, w64 = np.asarray(x, np.float64).reshape(26, 67), np.asarray(w, np.float64)
     g = 2 * x64 @ w64  # d(sum y^2)/dy, [26, out]
     assert max_rel(dx.reshape(26, 67), g @ w64.T) <= MAX_REL

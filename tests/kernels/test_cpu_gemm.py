@@ -3,12 +3,13 @@ products through their JAX launcher (jax_gemm.py), each library on its own where
 reference (reference.py), at shapes that leave a tail in every loop (gemm.c: row tiles of 12, row blocks of 192,
 panels of 32 columns, K blocks of 256; gemm_amx.c: blocks of 32 rows, 32 columns and 32 k, groups of 16 panels, K
 blocks of 256, the padded copies of x and y; gemm_dpbf16.c: row tiles of 6, row blocks of 192, panels of 64 columns
-in 16-column vectors, K blocks of 512, an odd k left alone in its pair); that an output's sum does not depend on where
-its row falls; bad operands refused by name; and which processors build them (kernels/cpu/build.py's ISA).
+in 16-column vectors, K blocks of 512, an odd k left alone in its pair); gemm.c's bfloat16 entry (`upcast`) bit for
+bit its float32 entry on the widened operands; that an output's sum does not depend on where its row falls; bad
+operands refused by name; and which processors build them (kernels/cpu/build.py's ISA).
 
 The bound is the float32 table's (reordered float32 sums; parity/tolerances.py) for all three: a bf16 product is exact
 in float32 and each kernel returns the float32 sum unrounded. A bf16 model's prompt with every product on this
-processor's bf16 kernel is held to the bf16 table's bound against the same prompt on XLA's dot."""
+processor's bf16 kernel, or on `upcast`, is held to the bf16 table's bound against the same prompt on XLA's dot."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from tests.kernels.decode_layer_cases import MASK, PROMPT, SPECS, write
 MAX_REL = TOLERANCES["float32"].max_rel
 CAN_BUILD = build._unsupported("gemm_xla") is None  # x86-64 with AVX-512 (not every CI machine) and a compiler
 needs_kernel = pytest.mark.skipif(not CAN_BUILD, reason=f"not buildable here: {build._unsupported('gemm_xla')}")
+ODD_SHAPES = [(1, 1, 1), (11, 7, 5), (12, 255, 16), (13, 257, 17), (25, 300, 33), (32, 64, 32), (193, 513, 67),
+              (400, 64, 100), (64, 600, 1100), (7, 1025, 65), (6, 512, 64), (5, 3, 129), (197, 1023, 130)]  # fmt: skip
 
 
 def buildable(dtype: str, library: str):
@@ -96,16 +99,25 @@ def test_processors_without_avx512_get_a_reason(monkeypatch):
 
 
 @pytest.mark.parametrize(("dtype", "library"), KERNELS)
-@pytest.mark.parametrize(
-    ("rows", "in_", "out"),
-    [(1, 1, 1), (11, 7, 5), (12, 255, 16), (13, 257, 17), (25, 300, 33), (32, 64, 32), (193, 513, 67),
-     (400, 64, 100), (64, 600, 1100), (7, 1025, 65), (6, 512, 64), (5, 3, 129), (197, 1023, 130)],
-)  # fmt: skip
+@pytest.mark.parametrize(("rows", "in_", "out"), ODD_SHAPES)
 def test_matches_float64_product(only, dtype, library, rows, in_, out):
     only(dtype, library)
     x, w = operands(rows, in_, out, dtype=dtype)
     got = jax.jit(jax_gemm.gemm)(x, w)
     assert got.shape == (rows, out) and got.dtype == jnp.float32
+    assert rel(got, gemv_reference(np.asarray(x), np.asarray(w), None, "cols")) <= MAX_REL
+
+
+@needs_kernel
+@pytest.mark.parametrize(("rows", "in_", "out"), ODD_SHAPES)
+def test_upcast_is_the_float32_kernel_on_widened_operands(rows, in_, out):
+    """gemm.c's bfloat16 entry widens each value exactly as it packs it and runs the float32 entry's loops: its result
+    is bit for bit the float32 product of the widened operands (a rounding or a lost tail would show here), and so
+    within the float32 bound of the float64 product."""
+    x, w = operands(rows, in_, out, seed=2, dtype="bfloat16")
+    got = np.asarray(jax.jit(jax_gemm.upcast)(x, w))
+    assert got.shape == (rows, out) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.asarray(jax.jit(jax_gemm.gemm)(x.astype(jnp.float32), w.astype(jnp.float32))))
     assert rel(got, gemv_reference(np.asarray(x), np.asarray(w), None, "cols")) <= MAX_REL
 
 
@@ -135,24 +147,34 @@ def test_bad_operands_are_refused_by_name():
         jax_gemm.gemm(x.astype(jnp.float16), w.astype(jnp.float16))  # no kernel for it
     with pytest.raises(ValueError, match=r"x \(16, 0\)"):
         jax_gemm.gemm(x[:, :0], w[:0])
+    with pytest.raises(ValueError, match=r"upcast: x \(16, 40\) float32, w \(40, 24\) float32: .* both bfloat16"):
+        jax_gemm.upcast(x, w)  # float32 operands: gemm's
+    xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"upcast: x \(16, 40\) bfloat16, w \(24, 40\) bfloat16"):
+        jax_gemm.upcast(xb, wb.T)
 
 
-@pytest.mark.skipif(not jax_gemm.available("bfloat16"), reason=f"no kernel here: {jax_gemm.unavailable('bfloat16')}")
+BF16_FORMS = [
+    pytest.param("gemm", marks=pytest.mark.skipif(not jax_gemm.available("bfloat16"), reason="no bf16 kernel here")),
+    pytest.param("upcast", marks=needs_kernel),
+]
+
+
+@pytest.mark.parametrize("form", BF16_FORMS)  # the kernel on bf16 instructions; gemm.c's float32 loops
 @pytest.mark.parametrize("shape", list(SPECS))  # Qwen3's, odd widths (76, 100, 20), Qwen2's with q/k/v biases
-def test_a_bf16_prompt_on_the_kernel_matches_the_dot(tmp_path, shape, monkeypatch):
+def test_a_bf16_prompt_on_the_kernel_matches_the_dot(tmp_path, form, shape, monkeypatch):
     """A bf16 model's forward over a 3 x 5 prompt (15 rows: more than a decode step's) with every product pinned to
-    this processor's bf16 kernel gives the logits of XLA's dot within the bf16 table's bound for its depth, the kernel
-    running every layer's q, k, v, o, gate_up and down projections and an untied head (a tied head, x @ E^T, is not its
-    layout)."""
+    `form` gives the logits of XLA's dot within the bf16 table's bound for its depth, the kernel running every layer's
+    q, k, v, o, gate_up and down projections and an untied head (a tied head, x @ E^T, is not its layout)."""
     from jax_impl import linear
 
     write(tmp_path, SPECS[shape])
     model = jax_impl.from_pretrained(tmp_path, "bfloat16")
     calls = []
-    gemm = jax_gemm.gemm
-    monkeypatch.setattr(jax_gemm, "gemm", lambda x, w: calls.append(w.shape) or gemm(x, w))
+    kernel = getattr(jax_gemm, form)
+    monkeypatch.setattr(jax_gemm, form, lambda x, w: calls.append(w.shape) or kernel(x, w))
     jax.clear_caches()  # the forward's compiled program holds the forms it was traced with
-    with linear.PATHS.forced("gemm"):
+    with linear.PATHS.forced(form):
         got = np.asarray(model(PROMPT, attention_mask=MASK), np.float64)
     spec = model.spec
     products = 6 * spec.num_hidden_layers + (not spec.tie_word_embeddings)

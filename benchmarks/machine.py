@@ -13,8 +13,10 @@ CAP_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"
 
 
 def describe() -> dict:
-    """{"processor", "cores", "flags"} from /proc/cpuinfo (lscpu's "Model name"), or what platform knows."""
-    model, flags = platform.processor() or platform.machine(), set()
+    """{"processor", "cpu_id", "cores", "flags"} from /proc/cpuinfo (lscpu's "Model name"; its family, model and
+    stepping numbers, which name the generation where a VM's model name is a generic "Intel(R) Xeon(R) Processor"), or
+    what platform knows."""
+    model, flags, ids = platform.processor() or platform.machine(), set(), {}
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         for line in cpuinfo.read_text().splitlines():
@@ -23,8 +25,12 @@ def describe() -> dict:
                 model = value.strip()
             elif key.strip() == "flags":
                 flags = set(value.split())
+            elif key.strip() in ("cpu family", "model", "stepping"):
+                ids.setdefault(key.strip().removeprefix("cpu "), value.strip())
+    cpu_id = " ".join(f"{k} {v}" for k, v in ids.items())
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"processor": model, "cores": cores, "flags": [f for f in FLAGS if f in flags], "isa_caps": isa_caps()}
+    flags_here = [f for f in FLAGS if f in flags]
+    return {"processor": model, "cpu_id": cpu_id, "cores": cores, "flags": flags_here, "isa_caps": isa_caps()}
 
 
 def isa_caps() -> dict[str, str]:
@@ -38,7 +44,8 @@ def isa_caps() -> dict[str, str]:
 def line() -> str:
     m = describe()
     caps = " ".join(f"{k}={v}" for k, v in m["isa_caps"].items())
-    text = f"machine: {m['processor']}, {m['cores']} cores, flags {' '.join(m['flags']) or '(none of interest)'}"
+    name = f"{m['processor']} ({m['cpu_id']})" if m["cpu_id"] else m["processor"]
+    text = f"machine: {name}, {m['cores']} cores, flags {' '.join(m['flags']) or '(none of interest)'}"
     return f"{text}; libraries capped: {caps}" if caps else text
 
 

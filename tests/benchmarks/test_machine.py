@@ -20,6 +20,8 @@ def test_describe_names_processor_cores_and_flags(no_caps):
     assert set(m["flags"]) <= set(machine.FLAGS)
     assert m["isa_caps"] == {}
     assert "capped" not in machine.line()
+    if m["cpu_id"]:  # Linux: the numbers that name the generation behind a VM's generic model name
+        assert m["cpu_id"].startswith("family ") and " model " in m["cpu_id"] and f"({m['cpu_id']})" in machine.line()
 
 
 def test_caps_are_reported_and_other_xla_flags_are_not(no_caps):

@@ -3,8 +3,8 @@
  * (docs/benchmarks.md). W is Flax's kernel layout [in, out]. Two entries share the loops: gemm_f32_item (float32
  * operands) and gemm_bf16_f32_item (bfloat16 storage, float32 compute: each bf16 value widened exactly to float32 as
  * it is packed, so the result is bit for bit the float32 entry's on the widened operands). The second is for
- * processors whose bf16 instructions, where they have any, run below their float32 FMAs (an Intel Xeon without AMX
- * exposed: vdpbf16ps, gemm_dpbf16.c, reached two thirds of this loop's rate; docs/benchmarks.md). Built by
+ * processors whose bf16 instructions, where they have any, run below their float32 FMAs (vdpbf16ps, gemm_dpbf16.c,
+ * on an Intel Xeon without AMX exposed: docs/benchmarks.md). Built by
  * kernels/cpu/build.py only where the processor has avx512f, bound to XLA by gemm_ffi.cc; reference:
  * kernels/cpu/reference.py.
  *

@@ -10,8 +10,8 @@ processor without AVX512_BF16 has the float32 one alone. Where bfloat16 has two,
 instruction does 16 x 16 x 32 multiply-adds where vdpbf16ps does 16 x 2, and AMX's kernel was measured above the
 rate vdpbf16ps can reach on those cores at all (docs/benchmarks.md); vdpbf16ps is for processors without tiles (AMD
 Zen 4, Intel Cooper Lake). Whether vdpbf16ps beats the float32 FMAs depends on the core, not on a flag (on an Intel
-Xeon without AMX exposed it ran below them; on AMD Zen 4 above): jax_impl/linear.py offers `upcast` as a form of its
-own beside `gemm` and times the two. Each is a custom call inside a jitted program (jax.ffi.ffi_call),
+Xeon without AMX exposed it ran below them: docs/benchmarks.md), so jax_impl/linear.py offers `upcast` as a form of
+its own beside `gemm` and times the two. Each is a custom call inside a jitted program (jax.ffi.ffi_call),
 differentiable: its backward is the two plain products (jax_gemv.backward). CPU only.
 """
 

@@ -4,16 +4,15 @@
  * operands) and gemm_bf16_f32_item (bfloat16 storage, float32 compute: each bf16 value widened exactly to float32 as
  * it is packed, so the result is bit for bit the float32 entry's on the widened operands). The second is for
  * processors whose bf16 instructions, where they have any, run below their float32 FMAs (vdpbf16ps, gemm_dpbf16.c,
- * on an Intel Xeon without AMX exposed: docs/benchmarks.md). Built by
- * kernels/cpu/build.py only where the processor has avx512f, bound to XLA by gemm_ffi.cc; reference:
- * kernels/cpu/reference.py.
+ * on an Intel Xeon without AMX exposed: docs/benchmarks.md). Built by kernels/cpu/build.py only where the processor
+ * has avx512f, bound to XLA by gemm_ffi.cc; reference: kernels/cpu/reference.py.
  *
  * Blocking. W is taken in panels of PANEL columns by KC rows, each copied ("packed") into a contiguous [KC, PANEL]
  * buffer (32 KB) that stays in L1 while every row tile of a block of up to MC rows of x runs over it: W's own rows
  * lie `out` floats apart, and rows 4-24 KB apart map to the same L1 sets and evict each other (unpacked, the same
  * loops ran at a fraction of the rate). The register tile is MR rows of y by PANEL columns: 2 * MR zmm
- * accumulators, two of W, x's entries broadcast from memory (the bf16 entry's from a float32 copy of the block's
- * [rows, KC] of x, made once per K block).
+ * accumulators, two of W, x's entries broadcast from memory: from a copy of the block's rows of x ([rows, KC], made
+ * once per K block, bf16 widened), whose rows lie 1 KB apart where x's own lie `in` values apart.
  *
  * Each output is one chain of fused multiply-adds in k order: a tile's accumulators start from y's partial sum of
  * the KC blocks before (or zero), so neither the blocking nor the thread count changes a result. Work is cut into

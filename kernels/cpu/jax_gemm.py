@@ -69,19 +69,22 @@ def _target(symbol: str) -> str:
     return f"decoder_parity_{symbol}"
 
 
-def supports(x: jax.Array, w: jax.Array) -> bool:
-    """x [rows, in] and w [in, out] of one dtype with a kernel here (LIBRARIES), in >= 1, on the CPU."""
-    dtype = jnp.dtype(x.dtype).name
+def _fits(x: jax.Array, w: jax.Array) -> bool:
+    """x [rows, in] and w [in, out] of one dtype, rows and in >= 1, on the CPU: what every entry here takes."""
     return (
         x.ndim == 2
         and w.ndim == 2
         and x.shape[0] > 0
         and x.shape[1] == w.shape[0] > 0
         and x.dtype == w.dtype
-        and dtype in LIBRARIES
         and jax.default_backend() == "cpu"
-        and available(dtype)
     )
+
+
+def supports(x: jax.Array, w: jax.Array) -> bool:
+    """x [rows, in] and w [in, out] of one dtype with a kernel here (LIBRARIES), in >= 1, on the CPU."""
+    dtype = jnp.dtype(x.dtype).name
+    return _fits(x, w) and dtype in LIBRARIES and available(dtype)
 
 
 def upcast_available() -> bool:
@@ -91,15 +94,7 @@ def upcast_available() -> bool:
 
 def supports_upcast(x: jax.Array, w: jax.Array) -> bool:
     """x [rows, in] and w [in, out] both bfloat16, in >= 1, on the CPU, with gemm.c built here (UPCAST)."""
-    return (
-        x.ndim == 2
-        and w.ndim == 2
-        and x.shape[0] > 0
-        and x.shape[1] == w.shape[0] > 0
-        and x.dtype == w.dtype == jnp.bfloat16
-        and jax.default_backend() == "cpu"
-        and upcast_available()
-    )
+    return _fits(x, w) and x.dtype == jnp.bfloat16 and upcast_available()
 
 
 def gemm(x: jax.Array, w: jax.Array) -> jax.Array:

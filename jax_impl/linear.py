@@ -17,7 +17,8 @@ which times the forms that apply, each a small program of its own (jax_impl/prod
 weights of that shape read from memory (a decode step's few rows: evicted from the caches first), as a decode step
 streams its weights (a model's own inside
 `resident_weights`, which generate enters), and keeps the fastest for the process (a kernel, where one applies,
-unless another form beats it in every round: `PATHS`): every later trace agrees, and a compiled program holds the
+unless another form beats it in every round, or for a prompt's product by the median round: `PATHS`): every later
+trace agrees, and a compiled program holds the
 form chosen when it was traced. A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single
 dot unmeasured. One bfloat16 row is not timed against the single dot where XLA lowers that dot through a float32 copy
 of the weight and the padded form does not (`bf16_row_dot_copies`): the padded form moves less and is settled
@@ -44,13 +45,14 @@ from flax import nnx
 from jax_impl import product_timing
 from jax_impl.product_forms import FORMS, SPLIT_CHUNKS, dot
 from kernels.cpu import jax_gemm, jax_gemv
-from spec.path_choice import PathChoice
+from spec.path_choice import COMPUTE_BOUND, PathChoice
 
 # The first a key offers is its default, which another form replaces only by beating it in every timed round: the
 # project's kernel where one applies -- the few-row one (it reads each weight once, in its stored layout), the many-row
 # one (its timed passes vary far less than XLA's dot's on a prompt's product, so that with the dot as the default a dot
 # slower on the median kept keys by winning one round: docs/design.md, "The kernels"), for bfloat16 the one on its
-# own bf16 instructions before the float32-compute one -- else the single dot.
+# own bf16 instructions before the float32-compute one -- else the single dot. A prompt's product is decided by the
+# median of three rounds instead (spec/path_choice.py's COMPUTE_BOUND): one slow pass of a faster form kept the default.
 PATHS = PathChoice("jax_impl.linear", ("gemv", "gemm", "upcast", "dot", "split", "pad"))
 CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight (a decode step's); more are compute-bound
 TIMED_MAX_ROWS = 256  # a compute-bound key is timed at no more rows than this
@@ -131,7 +133,8 @@ def path_of(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, p
             FORMS, timed, rows, rhs.shape, lhs.dtype, axis, precision, own, copies, streams
         )
 
-    return PATHS.choose(key, measure)
+    rule = COMPUTE_BOUND if rows > CHOICE_MAX_ROWS else {}  # a prompt's product: the median of three rounds
+    return PATHS.choose(key, measure, **rule)
 
 
 def _due(lhs: jax.Array, rhs: jax.Array, dimension_numbers, out_sharding=None) -> str | tuple[tuple, tuple[str, ...]]:

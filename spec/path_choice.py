@@ -11,10 +11,12 @@ those that can still be taken), keeps the fastest for the rest of the process an
 
 The first candidate in `paths` order (the default) stays unless another beats it by `margin` in every round that
 timed both: a slow spell during one of the default's passes, which on a shared VM can cost it 20-40% of one pass,
-cannot move a product off it alone, and the choice of a process does not change once made. For a choice between
-forms a few percent apart, which a slow spell in any one of several rounds would keep on the default for good, the
+cannot move a product off it alone, and the choice of a process does not change once made. But a slow spell during
+one of the other's passes keeps the default, however much faster the other is. So where that matters -- forms a few
+percent apart, or a compute-bound product whose passes swing by up to 2x on a shared VM (docs/benchmarks.md) -- the
 rule "median" times every candidate in every round (in turn, the order reversed every other round) and takes the one
-whose median ratio to the default's time in the same round is lowest, where it is below 1 - `margin`.
+whose median ratio to the default's time in the same round is lowest, where it is below 1 - `margin`: over three
+rounds, no one slow spell decides, either way. A PathChoice has a rule, and a key can ask for another (`choose`).
 
 Correctness never depends on the choice: every candidate computes the same product (the backends' tests check
 each path against a float64 product), and `forced(path)` pins one for the calling thread, for tests and for
@@ -46,11 +48,16 @@ import time
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from spec.cpu_load import CpuSample, OthersBusy, cpu_sample
 
 BUSY_SHARE = 0.25  # other processes' share of the CPUs while choosing, from which the choice is called into doubt
 BUSY_MIN_SECONDS = 0.5  # of choosing, before that share is judged: the machine's counters tick every ~10 ms
+RULES = ("every", "median")
+# How the backends decide a compute-bound product (a prompt's): each of its candidates' passes can swing by up to 2x
+# on a shared VM, and under rule "every" one slow pass of a 1.45x faster form kept the default (docs/benchmarks.md).
+COMPUTE_BOUND = MappingProxyType({"rule": "median", "repeats": 3})
 
 
 class _Resident:
@@ -69,12 +76,13 @@ class _Resident:
 
 @dataclass(frozen=True)
 class Choice:
-    """The path taken for one key, each candidate's best pass in seconds (none where a rule settled it), and the
-    measurement's wall time."""
+    """The path taken for one key, each candidate's best pass in seconds (none where a rule settled it), the
+    measurement's wall time, and the rule that decided ("every" or "median"; "" where a rule settled it untimed)."""
 
     path: str
     seconds: Mapping[str, float]
     cost: float
+    rule: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,10 +121,8 @@ class PathChoice:
         slower than the fastest; `clock` is the timer (tests pass a fake one); `cpu` samples the machine's CPU
         counters around each measurement (None: not measured); `rule` "every" (the above) or "median" (the module
         docstring)."""
-        if rule not in ("every", "median"):
-            raise ValueError(f"{name}: rule {rule!r} is 'every' or 'median'")
-        self.rule = rule
         self.name, self.paths, self.repeats, self.margin, self.clock = name, paths, repeats, margin, clock
+        self.rule = self._rule(rule)
         self.prune = prune
         self._chosen: dict[Hashable, Choice] = {}
         self.version = 0  # counts `clear`s: a caller that keeps what it learnt from the choices keys it on this
@@ -129,6 +135,11 @@ class PathChoice:
         self.cpu = cpu
         self._load = OthersBusy()  # other processes' use of the CPUs while this choice measured
         self._warned = False
+
+    def _rule(self, rule: str) -> str:
+        if rule not in RULES:
+            raise ValueError(f"{self.name}: rule {rule!r} is 'every' or 'median'")
+        return rule
 
     def check(self, path: str) -> str:
         if path not in self.paths:
@@ -162,22 +173,28 @@ class PathChoice:
         pool = self._resident.get()
         return [] if pool is None else pool.get(key)
 
-    def choose(self, key: Hashable, candidates: Callable[[], Mapping[str, Timed]]) -> str:
+    def choose(
+        self, key: Hashable, candidates: Callable[[], Mapping[str, Timed]], *, rule: str | None = None,
+        repeats: int | None = None,
+    ) -> str:  # fmt: skip
         """The path for `key`: the forced one, the one chosen before, or the fastest of `candidates()` now.
 
         `candidates()` builds, only when a measurement is due, one zero-argument callable per path that runs
         a pass of the product (and waits for its result), or a `Pass` that also evicts the pass's operands; a path it
-        leaves out is unavailable here.
+        leaves out is unavailable here. `rule` and `repeats`, where given, decide this key instead of the
+        PathChoice's own (the module docstring).
         """
         forced = self._forced.get()
         if forced is not None:
             return forced
+        rule = self._rule(self.rule if rule is None else rule)
+        repeats = self.repeats if repeats is None else repeats
         choice = self._chosen.get(key)
         if choice is None:
             with self._lock:
                 choice = self._chosen.get(key)
                 if choice is None:
-                    choice = self._chosen[key] = self._measure(candidates)
+                    choice = self._chosen[key] = self._measure(candidates, rule, repeats)
         return choice.path
 
     def settle(self, key: Hashable, path: str) -> str:
@@ -190,7 +207,7 @@ class PathChoice:
             choice = self._chosen.setdefault(key, Choice(self.check(path), {}, 0.0))
         return choice.path
 
-    def _measure(self, candidates: Callable[[], Mapping[str, Timed]]) -> Choice:
+    def _measure(self, candidates: Callable[[], Mapping[str, Timed]], rule: str, repeats: int) -> Choice:
         start, before = self.clock(), self._sample()
         runs = dict(candidates())
         unknown = set(runs) - set(self.paths)
@@ -199,13 +216,13 @@ class PathChoice:
         for run in runs.values():
             run()  # warm-up: set-up, compilation, first touch
         default = next(p for p in self.paths if p in runs)
-        rule = self._by_median if self.rule == "median" else self._every_round
-        path, rounds = rule(runs, default)
+        decide = self._by_median if rule == "median" else self._every_round
+        path, rounds = decide(runs, default, repeats)
         cost = self.clock() - start
         self._note_load(before, self._sample(), cost)
-        return Choice(path, {name: min(times) for name, times in rounds.items()}, cost)
+        return Choice(path, {name: min(times) for name, times in rounds.items()}, cost, rule)
 
-    def _every_round(self, runs: Mapping[str, Timed], default: str) -> tuple[str, dict[str, list[float]]]:
+    def _every_round(self, runs: Mapping[str, Timed], default: str, repeats: int) -> tuple[str, dict[str, list[float]]]:
         """Rule "every": the path and each candidate's seconds per round."""
         rounds = {name: [self._time(run)] for name, run in runs.items()}  # seconds per round
         # Timed again: the candidates that beat the default by the margin in the first round (no other can be taken),
@@ -215,17 +232,17 @@ class PathChoice:
         live = {name: run for name, run in runs.items() if rounds[name][0] < bar}
         if live and rounds[default][0] <= self.prune * first:
             live = {default: runs[default], **live}
-        for _ in range(self.repeats - 1 if live else 0):
+        for _ in range(repeats - 1 if live else 0):
             for name, run in live.items():  # in turn: a slow spell hits every candidate of the round alike
                 rounds[name].append(self._time(run))
         fastest = min(rounds, key=lambda name: min(rounds[name]))
         paired = zip(rounds[fastest], rounds[default], strict=False)  # the rounds that timed both (pruned: the first)
         return (fastest if all(f < (1 - self.margin) * d for f, d in paired) else default), rounds
 
-    def _by_median(self, runs: Mapping[str, Timed], default: str) -> tuple[str, dict[str, list[float]]]:
+    def _by_median(self, runs: Mapping[str, Timed], default: str, repeats: int) -> tuple[str, dict[str, list[float]]]:
         """Rule "median": the path and each candidate's seconds per round."""
         rounds: dict[str, list[float]] = {name: [] for name in runs}
-        for r in range(self.repeats):
+        for r in range(repeats):
             for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:  # neither always first after the other
                 rounds[name].append(self._time(runs[name]))
         paired = {name: zip(times, rounds[default], strict=True) for name, times in rounds.items()}

@@ -21,12 +21,13 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
   Every path accumulates in float32 and computes x @ W^T + b up to summation order; which is faster depends on the
   processor (MKL's GEMV is slow on some AMD processors and the faster one on Intel). So the first product of each
   (rows, in, out, dtype, bias) times the paths that apply (spec/path_choice.py) and the process keeps the fastest
-  (a kernel, where one applies, unless another path beats it in every round: `PATHS`; above STREAM_ROWS rows, one
-  choice per power-of-two bucket of rows: `rows_key`). A decode-sized product (few rows) is timed over distinct
-  weights of its shape, taken out of the caches before each pass (kernels/cpu/evict.py), as a decode step finds its
-  weights in memory (a model's own inside `resident_weights`, which generate enters); a prefill-sized one, which is
-  compute-bound, on the weight it was called with (its first STREAM_BYTES of output rows, where it is larger: a tied
-  head's table, whose slowest path would otherwise cost a second). A weight under MIN_CHOICE_BYTES (a test model's)
+  (a kernel, where one applies, unless another path beats it in every round, or above STREAM_ROWS rows by the
+  median round: `PATHS`; there, one choice per power-of-two bucket of rows: `rows_key`). A decode-sized product
+  (few rows) is timed over distinct weights of its shape, taken out of the caches before each pass
+  (kernels/cpu/evict.py), as a decode step finds its weights in memory (a model's own inside `resident_weights`,
+  which generate enters); a prefill-sized one, which is compute-bound, on the weight it was called with (its first
+  STREAM_BYTES of output rows, where it is larger: a tied head's table, whose slowest path would otherwise cost a
+  second). A weight under MIN_CHOICE_BYTES (a test model's)
   stays in cache and keeps F.linear without measuring.
   `PATHS.forced("onednn")` or `linear(..., path=...)` pins a path (tests, comparisons).
 
@@ -49,12 +50,13 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from kernels.cpu import torch_gemm, torch_gemv
 from kernels.cpu.evict import evicting
-from spec.path_choice import Pass, PathChoice, Timed
+from spec.path_choice import COMPUTE_BOUND, Pass, PathChoice, Timed
 
 # The first a key offers is its default, which another path replaces only by beating it in every timed round: a
 # kernel where one applies (each reads the weight in its stored layout, never repacked), else F.linear.
 # Three rounds, not two: where two paths stream within a few percent of each other, two rounds let noise move one
-# product off the kernel, and with it the layer's one call (a decode ~12% slower; docs/benchmarks.md).
+# product off the kernel, and with it the layer's one call (a decode ~12% slower; docs/benchmarks.md). A prompt's
+# product, whose passes swing more, takes the median of three rounds instead (spec/path_choice.py's COMPUTE_BOUND).
 PATHS = PathChoice("torch_impl.linear", ("gemv", "gemm", "f_linear", "onednn", "upcast"), repeats=3)
 STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
 STREAM_BYTES = 64 << 20  # the weights one such timing pass streams, evicted from the caches before it
@@ -228,7 +230,8 @@ def path_of(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
         return "f_linear"  # a weight that stays in cache: nothing to stream, nothing worth measuring
     dtype = str(x.dtype).removeprefix("torch.")
     key = (rows_key(x2.shape[0]), weight.shape[1], weight.shape[0], dtype, bias is not None)
-    return PATHS.choose(key, lambda: _candidates(paths, x2, weight, bias))
+    rule = COMPUTE_BOUND if x2.shape[0] > STREAM_ROWS else {}  # a prompt's product: the median of three rounds
+    return PATHS.choose(key, lambda: _candidates(paths, x2, weight, bias), **rule)
 
 
 def linear(

@@ -4,42 +4,11 @@ each candidate advances the clock by a set amount, so every decision here is exa
 from __future__ import annotations
 
 import threading
-import warnings
 
 import pytest
 
-from spec.cpu_load import CpuSample
-from spec.path_choice import BUSY_MIN_SECONDS, BUSY_SHARE, Pass, PathChoice
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def candidate(self, seconds: float, calls: list[str], name: str):
-        def run() -> None:
-            calls.append(name)
-            self.now += seconds
-
-        return run
-
-    def rounds(self, seconds: list[float], calls: list[str], name: str):
-        """A candidate whose n-th run (the warm-up first) takes seconds[n]."""
-        left = iter(seconds)
-
-        def run() -> None:
-            calls.append(name)
-            self.now += next(left)
-
-        return run
-
-
-def make(clock: FakeClock, **kwargs) -> PathChoice:
-    """A choice on the fake clock; the machine's real CPU counters are not sampled unless a test passes `cpu`."""
-    return PathChoice("test", ("plain", "other"), clock=clock, **({"cpu": None} | kwargs))
+from spec.path_choice import COMPUTE_BOUND, Pass, PathChoice
+from tests.spec.path_choice_fakes import FakeClock, make
 
 
 @pytest.mark.parametrize(
@@ -108,6 +77,28 @@ def test_the_median_rule_takes_the_median_paired_ratio(plain_rounds, other_round
 def test_an_unknown_rule_is_refused():
     with pytest.raises(ValueError, match="rule 'mean'"):
         PathChoice("test", ("plain", "other"), rule="mean")
+    clock = FakeClock()
+    with pytest.raises(ValueError, match="rule 'mean'"):  # nor taken for one key
+        make(clock).choose("k", lambda: {"plain": clock.candidate(1.0, [], "plain")}, rule="mean")
+
+
+@pytest.mark.parametrize(("rule", "want"), [({}, "plain"), (COMPUTE_BOUND, "other")])
+def test_a_key_decided_by_its_own_rule(rule, want):
+    """One slow pass of a far faster candidate: under the PathChoice's rule ("every") it keeps the default; a key
+    that asks for COMPUTE_BOUND (the median of three rounds, what the backends ask for a prompt's product) takes
+    the faster one. The rule that decided is recorded with the choice."""
+    assert dict(COMPUTE_BOUND) == {"rule": "median", "repeats": 3}
+    clock, calls = FakeClock(), []
+    choice = make(clock, repeats=3)
+    runs = {
+        "plain": clock.rounds([1.0, 1.0, 1.0, 1.0], calls, "plain"),
+        "other": clock.rounds([1.0, 0.6, 1.3, 0.6], calls, "other"),  # the warm-up first
+    }
+    assert choice.choose("k", lambda: runs, **rule) == want
+    assert len(calls) == 8 and choice.chosen()["k"].rule == rule.get("rule", "every")
+    assert choice.rule == "every" and choice.repeats == 3  # the PathChoice's own, for the next key
+    settled = choice.settle("s", "plain")
+    assert (settled, choice.chosen()["s"].rule) == ("plain", "")  # settled untimed: no rule decided
 
 
 def test_no_second_round_when_nothing_beat_the_default():
@@ -256,58 +247,3 @@ def test_unknown_paths_are_refused():
         choice.choose("k", lambda: {"fast": clock.candidate(1.0, [], "fast")})
     with pytest.raises(ValueError, match="not among"):
         choice.choose("k", lambda: {})
-
-
-class FakeCpu:
-    """CPU counters on the fake clock: over each second of it, the other processes use `others` CPU seconds and
-    this one `own`, on `cpus` CPUs."""
-
-    def __init__(self, clock: FakeClock, others: float, own: float = 1.0, cpus: int = 4):
-        self.clock, self.others, self.own, self.cpus = clock, others, own, cpus
-
-    def __call__(self) -> CpuSample:
-        t = self.clock.now
-        return CpuSample(busy=(self.others + self.own) * t, own=self.own * t, cpus=self.cpus)
-
-
-def test_other_processes_share_of_the_cpus_is_told_and_warned_once():
-    """Others using 2 of 4 CPUs while choosing: a share of 0.5, over BUSY_SHARE, so a warning once the choosing
-    has lasted BUSY_MIN_SECONDS, and only once; clear() forgets it."""
-    clock = FakeClock()
-    choice = make(clock, repeats=1, cpu=FakeCpu(clock, others=2.0))
-    step = BUSY_MIN_SECONDS / 4  # a key's measurement: a warm-up and one pass of `step` / 2 each
-    runs = {"plain": clock.candidate(step / 2, [], "plain")}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        choice.choose("a", lambda: runs)  # a quarter of the minimum: not judged yet
-    assert choice.others_busy() == pytest.approx(0.5)
-    with pytest.warns(RuntimeWarning, match=r"test: paths were chosen while other processes used 50% of the CPUs"):
-        for key in "bcd":
-            choice.choose(key, lambda: runs)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        choice.choose("e", lambda: runs)  # warned already
-    choice.clear()
-    assert choice.others_busy() is None
-
-
-@pytest.mark.parametrize("others", [0.0, 0.9])
-def test_a_quiet_machine_gives_no_warning(others):
-    """Below BUSY_SHARE of the CPUs (0.9 of 4 is 22%), however long the choosing: no warning."""
-    assert others / 4 < BUSY_SHARE
-    clock = FakeClock()
-    choice = make(clock, repeats=1, cpu=FakeCpu(clock, others=others))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for key in range(8):
-            choice.choose(key, lambda: {"plain": clock.candidate(BUSY_MIN_SECONDS, [], "plain")})
-    assert choice.others_busy() == pytest.approx(others / 4)
-
-
-def test_without_cpu_counters_the_share_is_unknown():
-    clock = FakeClock()
-    choice = make(clock, repeats=1, cpu=lambda: None)  # not Linux
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        choice.choose("k", lambda: {"plain": clock.candidate(10.0, [], "plain")})
-    assert choice.others_busy() is None

@@ -95,6 +95,7 @@ def test_choice_is_measured_once_per_shape(fresh_choices):
         assert key == (1, 256, 320, "float32", True)
         choice = fresh_choices.chosen()[key]
         assert set(choice.seconds) == set(forms_for(x, w, b)) and choice.cost > 0  # every path that applies
+        assert choice.rule == "every"  # a decode step's product (spec/path_choice.py)
         assert [path_of(x.view(1, 1, 256), w, b) for _ in range(3)] == [first] * 3  # leading dims: the same key
         assert fresh_choices.chosen() == {key: choice}  # not measured again
         path_of(torch.randn(2, 256), w, b)  # another row count: its own measurement
@@ -102,6 +103,7 @@ def test_choice_is_measured_once_per_shape(fresh_choices):
         for rows in (65, 100, 128):  # compute-bound counts: one choice per power-of-two bucket
             path_of(torch.randn(rows, 256), w, b)
         assert len(fresh_choices.chosen()) == 3 and (128, 256, 320, "float32", True) in fresh_choices.chosen()
+        assert fresh_choices.chosen()[128, 256, 320, "float32", True].rule == "median"  # a prompt's: COMPUTE_BOUND
 
 
 def test_rows_key_is_exact_for_streaming_products_and_bucketed_above():

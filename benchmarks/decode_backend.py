@@ -25,6 +25,7 @@ import numpy as np
 import spec
 from benchmarks.qwen3_shape import SHAPES, shaped_checkpoint
 from kernels.cpu import gemv_fetch  # the product kernel's software fetch, chosen like a path
+from spec.path_choice import Choice
 
 DECODE_ROWS = 8  # a product key of at most this many rows is a decode step's (batch 1 here: 1 row)
 # Prompts timed per run, the median kept: a 128-token prefill lasts a few tenths of a second, and one such window on
@@ -86,6 +87,13 @@ def variant_context(name: str):
     return contextlib.nullcontext
 
 
+def _told(choice: Choice) -> str:
+    """A choice as the report gives it: the path, each candidate's best pass and the rule that decided."""
+    timed = ", ".join(f"{path} {seconds * 1e3:.2f} ms" for path, seconds in choice.seconds.items())
+    rule = f"; {choice.rule}" if choice.rule else ""
+    return f"{choice.path} ({timed}{rule})" if timed else f"{choice.path} (by rule, untimed)"
+
+
 def chosen_paths(name: str) -> dict:
     """The path each product shape took in this process, the seconds choosing cost (all of it, and what is left
     without the prompt's many-row shapes: the decode shapes' cost, which issue 13 budgets at 1 s), and the share of
@@ -96,15 +104,13 @@ def chosen_paths(name: str) -> dict:
         return {"paths": {}, "choice_cost_s": 0.0, "choice_decode_cost_s": 0.0, "choice_others_busy": None}
     paths = __import__(f"{name.split('/')[0]}.linear", fromlist=["PATHS"]).PATHS
     chosen = paths.chosen()
-    shapes = {" ".join(map(str, key)): choice.path for key, choice in sorted(chosen.items(), key=str)}
+    shapes = {" ".join(map(str, key)): _told(choice) for key, choice in sorted(chosen.items(), key=str)}
     prompt = sum(choice.cost for key, choice in chosen.items() if key[0] > DECODE_ROWS)  # a key's first item: rows
     layers = __import__(f"{name.split('/')[0]}.layer_choice", fromlist=["LAYERS"]).LAYERS  # one call or operators
     for key, choice in layers.chosen().items():
-        timed = ", ".join(f"{path} {seconds * 1e3:.2f} ms" for path, seconds in choice.seconds.items())
-        shapes[f"layer {key[0]} {key[1]}"] = f"{choice.path} ({timed or 'by rule, untimed'})"
+        shapes[f"layer {key[0]} {key[1]}"] = _told(choice)
     for (dtype, layout), choice in gemv_fetch.FETCH.chosen().items():
-        timed = ", ".join(f"{path} {seconds * 1e3:.2f} ms" for path, seconds in choice.seconds.items())
-        shapes[f"kernel fetch {dtype} {layout}"] = f"{choice.path} ({timed or 'by rule, untimed'})"
+        shapes[f"kernel fetch {dtype} {layout}"] = _told(choice)
     cost = paths.cost() + gemv_fetch.FETCH.cost()
     return {
         "paths": shapes,

@@ -73,7 +73,7 @@ def test_a_second_process_starts_from_the_programs_the_first_compiled(tmp_path):
 
 def test_the_choosing_cost_of_the_decode_shapes_leaves_out_the_prompts():
     """The prompt's many-row shapes are left out of the decode shapes' cost; the product kernel's fetch choice (a
-    decode step's) is in both, and named with its timings."""
+    decode step's) is in both. Each choice is named with its timings and the rule that decided."""
     from kernels.cpu.gemv_fetch import FETCH
     from spec.path_choice import Choice
     from torch_impl.linear import PATHS
@@ -83,8 +83,10 @@ def test_the_choosing_cost_of_the_decode_shapes_leaves_out_the_prompts():
     FETCH.clear()
     try:
         PATHS._chosen[(1, 1024, 2048, "float32", False)] = Choice("gemv", {}, 0.25)
-        PATHS._chosen[(128, 1024, 2048, "float32", False)] = Choice("onednn", {}, 0.5)
-        FETCH._chosen[("float32", "rows")] = Choice("hardware", {"ahead": 0.002, "hardware": 0.001}, 0.125)
+        PATHS._chosen[(128, 1024, 2048, "float32", False)] = Choice(
+            "onednn", {"f_linear": 0.03, "onednn": 0.02}, 0.5, "median"
+        )
+        FETCH._chosen[("float32", "rows")] = Choice("hardware", {"ahead": 0.002, "hardware": 0.001}, 0.125, "median")
         report = decode_backend.chosen_paths("torch_impl")
     finally:
         PATHS.clear()
@@ -93,9 +95,9 @@ def test_the_choosing_cost_of_the_decode_shapes_leaves_out_the_prompts():
         FETCH._chosen.update(saved_fetch)
     assert report["choice_cost_s"] == 0.875 and report["choice_decode_cost_s"] == 0.375
     assert report["paths"] == {
-        "1 1024 2048 float32 False": "gemv",
-        "128 1024 2048 float32 False": "onednn",
-        "kernel fetch float32 rows": "hardware (ahead 2.00 ms, hardware 1.00 ms)",
+        "1 1024 2048 float32 False": "gemv (by rule, untimed)",
+        "128 1024 2048 float32 False": "onednn (f_linear 30.00 ms, onednn 20.00 ms; median)",
+        "kernel fetch float32 rows": "hardware (ahead 2.00 ms, hardware 1.00 ms; median)",
     }
 
 

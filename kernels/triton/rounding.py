@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 __all__ = ["round_to_dtype"]
 
@@ -17,13 +18,20 @@ def round_to_dtype(x, dtype: tl.constexpr):
     """Cast fp32 `x` to `dtype` rounding to nearest-even, identically compiled and interpreted.
 
     Triton's interpreter truncates fp32 -> bf16 (a GPU rounds to nearest-even), which would make CPU runs
-    disagree with torch by an ulp; rounding by hand on the bits costs a few integer ops in a
-    memory-bound kernel and is exactly what the GPU's cvt.rn.bf16.f32 does.
+    disagree with torch by an ulp; so where this module is interpreted (BY_HAND), the cast rounds by hand on
+    the bits, exactly as the GPU's cvt.rn.bf16.f32 does. Compiled, the cast is that one instruction: the hand
+    rounding cost ~20 instructions an element in add_rms_norm, whose four casts an element made it ~40% of the
+    kernel's instructions, in a kernel held to a share of the copy bandwidth.
     """
-    if dtype == tl.bfloat16:
+    if BY_HAND and dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = bits + (0x7FFF + ((bits >> 16) & 1))  # round half to even on the 16 bits dropped
         rounded = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         return tl.where(x == x, rounded, x.to(tl.bfloat16))  # NaN must stay NaN, not carry into the sign
     else:
         return x.to(dtype)
+
+
+# Whether this process interprets the kernels: Triton decided it when it decorated round_to_dtype (TRITON_INTERPRET
+# at import, kernels/triton/__init__.py), and every kernel here was decorated in the same process.
+BY_HAND = tl.constexpr(isinstance(round_to_dtype, InterpretedFunction))

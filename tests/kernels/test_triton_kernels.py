@@ -135,6 +135,17 @@ def test_float64_is_refused() -> None:
         add_rms_norm_reference(x, None, w, EPS)
 
 
+def test_bf16_sums_round_to_nearest_even() -> None:
+    """1 + (2^-8 + 2^-15) in bf16 (ulp 2^-7 at 1) is past half an ulp: to nearest, 1 + 2^-7, as torch rounds it;
+    truncated (how Triton's interpreter casts), 1. And 1 + 2^-8, a tie, goes to the even 1. Both in the new
+    residual that add_rms_norm stores, interpreted (rounded by hand) or compiled (the GPU's instruction)."""
+    x = torch.ones(2, 8, device=DEVICE, dtype=torch.bfloat16)
+    residual = torch.tensor([[2**-8 + 2**-15], [2**-8]], device=DEVICE, dtype=torch.bfloat16).expand(2, 8)
+    _, new_residual = add_rms_norm(x, residual.contiguous(), torch.ones(8, device=DEVICE, dtype=torch.bfloat16), EPS)
+    assert new_residual[:, 0].float().tolist() == [1 + 2**-7, 1.0]
+    assert torch.equal(new_residual, (x.float() + residual.float()).to(torch.bfloat16))
+
+
 def test_tensors_on_different_devices_are_refused() -> None:
     x = torch.ones(2, 8, device=DEVICE)
     with pytest.raises(ValueError, match=r"all tensors must be on one device, got \['(cpu|cuda:0)', 'meta'\]"):
@@ -162,13 +173,17 @@ arnb = importlib.import_module("kernels.triton.rms_norm_backward")
 sam = importlib.import_module("kernels.triton.swiglu")
 samb = importlib.import_module("kernels.triton.swiglu_backward")
 target = GPUTarget("cuda", 90, 32)  # sm_90 (Hopper): ptxas ships with triton, no GPU needed
+rounding = importlib.import_module("kernels.triton.rounding")
+assert not rounding.BY_HAND  # compiled, a bf16 cast is the GPU's own cvt.rn, not the interpreter's rounding by hand
 
 
 def compile(fn, ptrs, ints, consts, num_warps, floats=()):
     sig = {**ptrs, **dict.fromkeys(ints, "i32"), **dict.fromkeys(floats, "fp32"), **dict.fromkeys(consts, "constexpr")}
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts)
     options = {"num_warps": num_warps, "enable_fp_fusion": False}
-    assert "cubin" in triton.compile(src, target=target, options=options).asm, fn
+    asm = triton.compile(src, target=target, options=options).asm
+    assert "cubin" in asm, fn
+    assert "32767" not in asm["ptx"], fn  # 0x7FFF: the hand rounding's half-ulp, which a compiled kernel leaves out
 
 
 for dtype, width in [("bf16", 123), ("fp16", 4096), ("fp32", 9728), ("bf16", 65536)]:
@@ -214,7 +229,8 @@ print("compiled")
 def test_kernels_compile_for_gpu() -> None:
     """Compile (not run) every kernel, forward and backward, to a cubin for sm_90, as a GPU would: the interpreter
     checks the math, this checks that the same source passes Triton's compiler (power-of-two blocks, the
-    bit-level rounding, the backward's loop over row blocks)."""
+    backward's loop over row blocks), and that compiled, a bf16 cast is the GPU's own rounding instruction: the
+    rounding by hand on the bits (kernels/triton/rounding.py) is for the interpreter, which truncates."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_GPU], cwd=root, env=env, capture_output=True, text=True)

@@ -41,11 +41,20 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false  # torch and JAX share the GPU within
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 # 1. Refuse cleanly without a GPU: nothing here means anything in interpret mode.
-gpus=$(timeout 120 "$python" - <<'EOF'
+# JAX first: where torch loads its CUDA libraries first, a jaxlib built against a newer cuDNN than the one torch
+# loaded starts without its GPU (the gpu tests' process and kernels.py start JAX first too). The JSON is the last
+# line: a library's own start-up line on stdout is not mistaken for it.
+probe=$(timeout 120 "$python" - <<'EOF'
 import json
 import sys
 
 found = {"torch": None, "jax": None}
+try:
+    import jax
+
+    found["jax"] = next((d.device_kind for d in jax.devices() if d.platform in ("gpu", "cuda")), None)
+except Exception:  # no jax, or a jaxlib that cannot start: no JAX GPU either way
+    pass
 try:
     import torch
 
@@ -53,17 +62,16 @@ try:
         found["torch"] = torch.cuda.get_device_name()
 except ImportError:
     pass
-try:
-    import jax
-
-    found["jax"] = next((d.device_kind for d in jax.devices() if d.platform in ("gpu", "cuda")), None)
-except Exception:  # no jax, or a jaxlib that cannot start: no JAX GPU either way
-    pass
 print(json.dumps(found))
 sys.exit(0 if any(found.values()) else 3)
 EOF
 )
 status=$?
+gpus=$(printf '%s\n' "$probe" | tail -n 1)
+if [ "$status" -eq 124 ]; then
+    echo "gpu_check: looking for a GPU took over 120 s (importing JAX and torch, starting their CUDA clients)" >&2
+    exit 2
+fi
 if [ "$status" -ne 0 ]; then
     echo "gpu_check: no GPU found (torch sees no CUDA device, JAX no GPU backend): refusing to run." >&2
     echo "gpu_check: this script checks and measures the compiled kernels on one GPU; on a CPU machine run" >&2
@@ -76,6 +84,8 @@ echo "gpu_check: GPUs $gpus; JSON to $out_json"
 # that runs out of time still leaves what it measured.
 work="${out_json%.json}.files"
 mkdir -p "$work" || exit 2
+rm -f "$work/tests.xml" "$work/kernels.json"  # a step that leaves none must not be read as an earlier run's
+export PYTHONUNBUFFERED=1  # a step KILLed after --kill-after keeps its log to the last line
 
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 

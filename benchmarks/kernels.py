@@ -81,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--require-gpu", action="store_true", help="exit 2 (not 0) when no GPU is found")
     args = parser.parse_args(argv)
 
-    run_torch = args.framework in ("torch", "both") and torch_gpu()
+    # JAX's GPU client first: where torch loads its CUDA libraries first, a jaxlib built against a newer cuDNN than
+    # the one torch loaded starts without its GPU.
     run_jax = args.framework in ("jax", "both") and jax_gpu()
+    run_torch = args.framework in ("torch", "both") and torch_gpu()
     if not (run_torch or run_jax):
         print(NO_GPU.format(searched="torch or jax" if args.framework == "both" else args.framework))
         return 2 if args.require_gpu else 0

@@ -60,6 +60,17 @@ GPU_TESTS = Path(__file__).resolve().parent / "gpu"
 
 
 def _cuda_available() -> bool:
+    """Whether torch sees a CUDA device. JAX's client is started first where JAX is installed: where torch loads its
+    CUDA libraries first, a jaxlib built against a newer cuDNN than the one torch loaded starts without its GPU. So
+    the caller sets JAX's settings for the process before this, and JAX is told not to take most of the GPU's memory
+    at start (a default only), which the torch tests of the same process need."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    try:
+        import jax
+
+        jax.devices()
+    except Exception:  # no jax, or a jaxlib that cannot start: torch decides alone
+        pass
     try:
         import torch
     except ImportError:
@@ -122,12 +133,14 @@ def _share_cores(config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not (_selects_only_gpu_tests(config) and _cuda_available()):
+    gpu_only = _selects_only_gpu_tests(config)
+    if gpu_only and XLA_EXCESS_PRECISION_FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):  # the user's wins
+        # Before _cuda_available starts JAX. Without CUDA the gpu tests skip (the script's own tests run no XLA).
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_EXCESS_PRECISION_FLAG}".strip()
+    if not (gpu_only and _cuda_available()):
         os.environ.setdefault("TRITON_INTERPRET", "1")
         _compile_faster(config)  # a GPU run measures the default compiler's kernels: left as it is
         _share_cores(config)
-    elif XLA_EXCESS_PRECISION_FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):  # the user's setting wins
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_EXCESS_PRECISION_FLAG}".strip()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

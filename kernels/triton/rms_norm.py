@@ -35,7 +35,9 @@ _ELEMENTS_PER_PROGRAM = 4096
 _MAX_BLOCK_ROWS = 64
 
 
-@triton.jit
+# n_rows not specialized: Triton compiles a kernel of its own for an integer argument equal to 1, and one row (a
+# decode step) and many (a prompt) then cost two compilations of the same code.
+@triton.jit(do_not_specialize=["n_rows"])
 def _add_rms_norm_kernel(
     x_ptr,
     residual_ptr,

@@ -36,7 +36,9 @@ __all__ = ["gelu_tanh_and_mul", "silu_and_mul"]
 _ELEMENTS_PER_PROGRAM = 4096
 
 
-@triton.jit
+# n_rows not specialized: Triton compiles a kernel of its own for an integer argument equal to 1, and one row (a
+# decode step) and many (a prompt) then cost two compilations of the same code.
+@triton.jit(do_not_specialize=["n_rows"])
 def _gated_and_mul_kernel(
     x_ptr,
     out_ptr,

@@ -14,6 +14,13 @@ import pytest
 RUN_THEM = "run them with `pytest -m gpu` or `bash benchmarks/gpu_check.sh`"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The whole-model tests before the kernel cases (each group in its own order): gpu_check.sh stops the tests at
+    its time budget, and what that cuts should be kernel cases, which its benchmark runs again, not the model's
+    only checks on a GPU."""
+    items.sort(key=lambda item: item.path.name != "test_gpu_model.py")
+
+
 @pytest.fixture(scope="session")
 def torch_cuda() -> Any:
     """torch's CUDA device, with float32 matmuls at full precision (no TF32) for the session."""

@@ -128,6 +128,14 @@ def test_check_report_passes_only_when_every_check_ran_and_holds(tmp_path: Path)
     ]
     unmeasured = report(kernels_json=_kernels_json(tmp_path / "none.json", [], skipped={"jax": "no GPU visible"}))
     assert not unmeasured["passed"] and len(unmeasured["problems"]) == 2  # jax skipped; floors not evaluated
+    killed = tmp_path / "killed.json"  # KILLed after --kill-after: the figures it saved, no floors of its own
+    killed.write_text(json.dumps({"results": good, "skipped": {}}))
+    late = report(kernels_json=killed, kernels_status=137)
+    assert len(late["floors"]) == 8 and all(f["passed"] for f in late["floors"])  # evaluated by the report
+    assert late["problems"] == [
+        "benchmarks/kernels.py ran past its time budget",
+        "benchmark skipped killed: stopped before its end; floors evaluated here",
+    ]
 
 
 def test_report_main_writes_the_json_and_exits_with_the_verdict(tmp_path: Path, capsys) -> None:

@@ -175,6 +175,8 @@ samb = importlib.import_module("kernels.triton.swiglu_backward")
 target = GPUTarget("cuda", 90, 32)  # sm_90 (Hopper): ptxas ships with triton, no GPU needed
 rounding = importlib.import_module("kernels.triton.rounding")
 assert not rounding.BY_HAND  # compiled, a bf16 cast is the GPU's own cvt.rn, not the interpreter's rounding by hand
+for forward in (arn._add_rms_norm_kernel, sam._gated_and_mul_kernel):  # one compilation for one row and for many
+    assert [p.name for p in forward.params if p.do_not_specialize] == ["n_rows"], forward
 
 
 def compile(fn, ptrs, ints, consts, num_warps, floats=()):

@@ -1,7 +1,14 @@
 """The test run's own compile-time settings (tests/conftest.py): what a child that claims the default compiler gets,
-the probe that keeps an unknown XLA flag from aborting every test process, and the `gpu` tests' process settings."""
+the probe that keeps an unknown XLA flag from aborting every test process, and the `gpu` tests' process settings,
+the order it starts JAX and torch in, and the order of its tests (tests/gpu/conftest.py)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -38,3 +45,32 @@ def test_the_gpu_tests_process_keeps_the_references_roundings(monkeypatch, user_
     else:
         assert flags == [*user_flags.split(), XLA_EXCESS_PRECISION_FLAG]
     assert _xla_takes(XLA_EXCESS_PRECISION_FLAG)  # this jaxlib knows it: a process given it starts
+
+
+_START_ORDER = """
+import os, sys
+import tests.conftest as conftest
+conftest._cuda_available()
+names = list(sys.modules)
+print(names.index("jax") < names.index("torch"), os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"])
+"""
+
+
+def test_jax_starts_before_torch_in_the_gpu_tests_process():
+    """Where torch loads its CUDA libraries first, a jaxlib built against a newer cuDNN starts without its GPU: the
+    check for CUDA imports (and starts) JAX first, told not to take most of the GPU's memory at start."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", _START_ORDER], cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "false"]
+
+
+def test_the_gpu_tests_run_the_whole_model_first():
+    """tests/gpu/conftest.py's order: the model's tests before the kernel cases, each group in its own order."""
+    from tests.gpu.conftest import pytest_collection_modifyitems
+
+    names = ["test_gpu_kernels.py", "test_gpu_model.py", "test_gpu_check_script.py", "test_gpu_model.py"]
+    items = [SimpleNamespace(path=Path("tests/gpu") / name, n=n) for n, name in enumerate(names)]
+    pytest_collection_modifyitems(None, items)
+    assert [item.n for item in items] == [1, 3, 0, 2]

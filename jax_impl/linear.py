@@ -15,14 +15,12 @@ more.
 None is fixed: the first trace of each (rows, in, out, dtype, layout) key asks `PATHS` (spec/path_choice.py),
 which times the forms that apply, each a small program of its own (jax_impl/product_timing.py), over distinct
 weights of that shape read from memory (a decode step's few rows: evicted from the caches first), as a decode step
-streams its weights (a model's own inside
-`resident_weights`, which generate enters), and keeps the fastest for the process (a kernel, where one applies,
-unless another form beats it in every round, or for a prompt's product by the median round: `PATHS`): every later
-trace agrees, and a compiled program holds the
-form chosen when it was traced. A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single
-dot unmeasured. One bfloat16 row is not timed against the single dot where XLA lowers that dot through a float32 copy
-of the weight and the padded form does not (`bf16_row_dot_copies`): the padded form moves less and is settled
-without a measurement.
+streams its weights (a model's own inside `resident_weights`, which generate enters), and keeps the fastest for the
+process (a kernel, where one applies, unless another form beats it in every round, or for a prompt's product by the
+median round: `PATHS`): every later trace agrees, and a compiled program holds the form chosen when it was traced. A
+weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps the single dot unmeasured. One bfloat16 row is
+not timed against the single dot where XLA lowers that dot through a float32 copy of the weight and the padded form does
+not (`bf16_row_dot_copies`): the padded form moves less and is settled without a measurement.
 
 Every form computes the same product up to the order of a float32 sum (product_forms.py). `PATHS.forced(path)` or
 `dot_general(..., path=...)` pins a form while tracing (tests, comparisons). Sharded products and other backends than

@@ -174,9 +174,13 @@ class PathChoice:
         return [] if pool is None else pool.get(key)
 
     def choose(
-        self, key: Hashable, candidates: Callable[[], Mapping[str, Timed]], *, rule: str | None = None,
+        self,
+        key: Hashable,
+        candidates: Callable[[], Mapping[str, Timed]],
+        *,
+        rule: str | None = None,
         repeats: int | None = None,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """The path for `key`: the forced one, the one chosen before, or the fastest of `candidates()` now.
 
         `candidates()` builds, only when a measurement is due, one zero-argument callable per path that runs

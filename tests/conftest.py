@@ -135,7 +135,7 @@ def _share_cores(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     gpu_only = _selects_only_gpu_tests(config)
     if gpu_only and XLA_EXCESS_PRECISION_FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):  # the user's wins
-        # Before _cuda_available starts JAX. Without CUDA the gpu tests skip (the script's own tests run no XLA).
+        # Before _cuda_available starts JAX. Without CUDA the gpu tests skip; the script's own tests do not need it.
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_EXCESS_PRECISION_FLAG}".strip()
     if not (gpu_only and _cuda_available()):
         os.environ.setdefault("TRITON_INTERPRET", "1")

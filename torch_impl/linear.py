@@ -27,8 +27,7 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
   (kernels/cpu/evict.py), as a decode step finds its weights in memory (a model's own inside `resident_weights`,
   which generate enters); a prefill-sized one, which is compute-bound, on the weight it was called with (its first
   STREAM_BYTES of output rows, where it is larger: a tied head's table, whose slowest path would otherwise cost a
-  second). A weight under MIN_CHOICE_BYTES (a test model's)
-  stays in cache and keeps F.linear without measuring.
+  second). A weight under MIN_CHOICE_BYTES (a test model's) stays in cache and keeps F.linear without measuring.
   `PATHS.forced("onednn")` or `linear(..., path=...)` pins a path (tests, comparisons).
 
 Autograd (neither the oneDNN op nor the kernels have a backward; training keeps the autograd path), non-CPU tensors,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from kernels.triton import is_interpreted
 
 __all__ = ["round_to_dtype"]
 
@@ -34,4 +35,4 @@ def round_to_dtype(x, dtype: tl.constexpr):
 
 # Whether this process interprets the kernels: Triton decided it when it decorated round_to_dtype (TRITON_INTERPRET
 # at import, kernels/triton/__init__.py), and every kernel here was decorated in the same process.
-BY_HAND = tl.constexpr(isinstance(round_to_dtype, InterpretedFunction))
+BY_HAND = tl.constexpr(is_interpreted(round_to_dtype))

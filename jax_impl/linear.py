@@ -43,14 +43,16 @@ from flax import nnx
 from jax_impl import product_timing
 from jax_impl.product_forms import FORMS, SPLIT_CHUNKS, dot
 from kernels.cpu import jax_gemm, jax_gemv
-from spec.path_choice import COMPUTE_BOUND, PathChoice
+from spec.choice_rules import COMPUTE_BOUND
+from spec.path_choice import PathChoice
 
 # The first a key offers is its default, which another form replaces only by beating it in every timed round: the
 # project's kernel where one applies -- the few-row one (it reads each weight once, in its stored layout), the many-row
 # one (its timed passes vary far less than XLA's dot's on a prompt's product, so that with the dot as the default a dot
 # slower on the median kept keys by winning one round: docs/design.md, "The kernels"), for bfloat16 the one on its
 # own bf16 instructions before the float32-compute one -- else the single dot. A prompt's product is decided by the
-# median of three rounds instead (spec/path_choice.py's COMPUTE_BOUND): one slow pass of a faster form kept the default.
+# median of three rounds instead (spec/choice_rules.py's COMPUTE_BOUND): one slow pass of a faster form kept the
+# default.
 PATHS = PathChoice("jax_impl.linear", ("gemv", "gemm", "upcast", "dot", "split", "pad"))
 CHOICE_MAX_ROWS = 8  # token rows up to which a product streams its weight (a decode step's); more are compute-bound
 TIMED_MAX_ROWS = 256  # a compute-bound key is timed at no more rows than this

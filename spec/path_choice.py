@@ -9,14 +9,12 @@ orders). So no backend fixes a preference: at the first product of a given key (
 in turn so that a drift in the machine's speed hits every candidate of a round alike (after the first round only
 those that can still be taken), keeps the fastest for the rest of the process and records what measuring cost.
 
-The first candidate in `paths` order (the default) stays unless another beats it by `margin` in every round that
-timed both: a slow spell during one of the default's passes, which on a shared VM can cost it 20-40% of one pass,
-cannot move a product off it alone, and the choice of a process does not change once made. But a slow spell during
-one of the other's passes keeps the default, however much faster the other is. So where that matters -- forms a few
-percent apart, or a compute-bound product whose passes swing by up to 2x on a shared VM (docs/benchmarks.md) -- the
-rule "median" times every candidate in every round (in turn, the order reversed every other round) and takes the one
-whose median ratio to the default's time in the same round is lowest, where it is below 1 - `margin`: over three
-rounds, no one slow spell decides, either way. A PathChoice has a rule, and a key can ask for another (`choose`).
+The first candidate in `paths` order is the key's default, and one of two rules (spec/choice_rules.py) decides
+whether another replaces it: "every" (it must beat the default by `margin` in every round that timed both: a slow
+spell during one of the default's passes, which on a shared VM can cost it 20-40% of one pass, cannot move a product
+off it alone) or "median" (the median of the rounds' paired ratios: no one slow spell decides, either way; for
+compute-bound products, whose passes swing by up to 2x). A PathChoice has a rule, and a key can ask for another
+(`choose`). The choice of a process does not change once made.
 
 Correctness never depends on the choice: every candidate computes the same product (the backends' tests check
 each path against a float64 product), and `forced(path)` pins one for the calling thread, for tests and for
@@ -42,22 +40,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import statistics
 import threading
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
+from spec.choice_rules import RULES, by_median, every_round
 from spec.cpu_load import CpuSample, OthersBusy, cpu_sample
 
 BUSY_SHARE = 0.25  # other processes' share of the CPUs while choosing, from which the choice is called into doubt
 BUSY_MIN_SECONDS = 0.5  # of choosing, before that share is judged: the machine's counters tick every ~10 ms
-RULES = ("every", "median")
-# How the backends decide a compute-bound product (a prompt's): each of its candidates' passes can swing by up to 2x
-# on a shared VM, and under rule "every" one slow pass of a 1.45x faster form kept the default (docs/benchmarks.md).
-COMPUTE_BOUND = MappingProxyType({"rule": "median", "repeats": 3})
 
 
 class _Resident:
@@ -220,39 +213,13 @@ class PathChoice:
         for run in runs.values():
             run()  # warm-up: set-up, compilation, first touch
         default = next(p for p in self.paths if p in runs)
-        decide = self._by_median if rule == "median" else self._every_round
-        path, rounds = decide(runs, default, repeats)
+        if rule == "median":
+            path, rounds = by_median(runs, default, repeats, self._time, self.margin)
+        else:
+            path, rounds = every_round(runs, default, repeats, self._time, self.margin, self.prune)
         cost = self.clock() - start
         self._note_load(before, self._sample(), cost)
         return Choice(path, {name: min(times) for name, times in rounds.items()}, cost, rule)
-
-    def _every_round(self, runs: Mapping[str, Timed], default: str, repeats: int) -> tuple[str, dict[str, list[float]]]:
-        """Rule "every": the path and each candidate's seconds per round."""
-        rounds = {name: [self._time(run)] for name, run in runs.items()}  # seconds per round
-        # Timed again: the candidates that beat the default by the margin in the first round (no other can be taken),
-        # and the default while there are any, unless it was `prune` times slower than the fastest (it cannot win
-        # on noise; the first round decides).
-        bar, first = (1 - self.margin) * rounds[default][0], min(times[0] for times in rounds.values())
-        live = {name: run for name, run in runs.items() if rounds[name][0] < bar}
-        if live and rounds[default][0] <= self.prune * first:
-            live = {default: runs[default], **live}
-        for _ in range(repeats - 1 if live else 0):
-            for name, run in live.items():  # in turn: a slow spell hits every candidate of the round alike
-                rounds[name].append(self._time(run))
-        fastest = min(rounds, key=lambda name: min(rounds[name]))
-        paired = zip(rounds[fastest], rounds[default], strict=False)  # the rounds that timed both (pruned: the first)
-        return (fastest if all(f < (1 - self.margin) * d for f, d in paired) else default), rounds
-
-    def _by_median(self, runs: Mapping[str, Timed], default: str, repeats: int) -> tuple[str, dict[str, list[float]]]:
-        """Rule "median": the path and each candidate's seconds per round."""
-        rounds: dict[str, list[float]] = {name: [] for name in runs}
-        for r in range(repeats):
-            for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:  # neither always first after the other
-                rounds[name].append(self._time(runs[name]))
-        paired = {name: zip(times, rounds[default], strict=True) for name, times in rounds.items()}
-        ratio = {name: statistics.median(t / d for t, d in pairs) for name, pairs in paired.items()}
-        fastest = min(ratio, key=ratio.__getitem__)
-        return (fastest if ratio[fastest] < 1 - self.margin else default), rounds
 
     def _sample(self) -> CpuSample | None:
         return None if self.cpu is None else self.cpu()

@@ -49,13 +49,14 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from kernels.cpu import torch_gemm, torch_gemv
 from kernels.cpu.evict import evicting
-from spec.path_choice import COMPUTE_BOUND, Pass, PathChoice, Timed
+from spec.choice_rules import COMPUTE_BOUND
+from spec.path_choice import Pass, PathChoice, Timed
 
 # The first a key offers is its default, which another path replaces only by beating it in every timed round: a
 # kernel where one applies (each reads the weight in its stored layout, never repacked), else F.linear.
 # Three rounds, not two: where two paths stream within a few percent of each other, two rounds let noise move one
 # product off the kernel, and with it the layer's one call (a decode ~12% slower; docs/benchmarks.md). A prompt's
-# product, whose passes swing more, takes the median of three rounds instead (spec/path_choice.py's COMPUTE_BOUND).
+# product, whose passes swing more, takes the median of three rounds instead (spec/choice_rules.py's COMPUTE_BOUND).
 PATHS = PathChoice("torch_impl.linear", ("gemv", "gemm", "f_linear", "onednn", "upcast"), repeats=3)
 STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
 STREAM_BYTES = 64 << 20  # the weights one such timing pass streams, evicted from the caches before it

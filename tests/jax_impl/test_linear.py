@@ -214,7 +214,7 @@ def test_a_prompts_choice_is_measured_once_per_bucket(fresh_choices):
     ((key, choice),) = fresh_choices.chosen().items()
     assert key == (128, 512, 160, "float32", "x@W")
     assert choice.path in ("dot", "gemm") and set(choice.seconds) == {"dot", "gemm"} and choice.cost > 0
-    assert choice.rule == "median"  # a prompt's product: spec/path_choice.py's COMPUTE_BOUND
+    assert choice.rule == "median"  # a prompt's product: spec/choice_rules.py's COMPUTE_BOUND
 
 
 @pytest.mark.parametrize("path", [None, "dot", "pad", "gemv"])

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from spec.path_choice import COMPUTE_BOUND, Pass, PathChoice
+from spec.choice_rules import COMPUTE_BOUND
+from spec.path_choice import Pass, PathChoice
 from tests.spec.path_choice_fakes import FakeClock, make
 
 

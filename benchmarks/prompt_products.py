@@ -4,10 +4,11 @@ a prompt's rows, timed side by side on the same machine.
 A prefill is compute-bound, and most of it is these products (a perf profile of jax_impl's bf16 prefill of 128 tokens
 on the 0.6B shape put 68% of its time in them: docs/benchmarks.md). Each backend chooses a form per shape by a short
 measurement at first use (jax_impl/linear.py: XLA's single dot, the project's `gemm` kernel, for bfloat16 its
-`upcast`; torch_impl/linear.py: F.linear, oneDNN, `upcast`, on AMX its `gemm`). This script times every form that
-applies, in rounds (each form once per round, the order rotating), and prints each one's rate (GFLOP/s) and its ratio
-to the framework's own op measured in the same rounds (jax: "dot", torch: "f_linear"), then a layer's products
-(k and v both counted) on each backend's fastest form per shape against the framework's op alone.
+`upcast`; torch_impl/linear.py: F.linear, oneDNN, `upcast_blocks`, on AVX-512 `upcast`, on AMX `gemm`). This
+script times every form that applies, in rounds (each form once per round, the order rotating), and prints each one's
+rate (GFLOP/s) and its ratio to the framework's own op measured in the same rounds (jax: "dot", torch: "f_linear"),
+then a layer's products (k and v both counted) on each backend's fastest form per shape against the framework's op
+alone.
 
     python benchmarks/prompt_products.py [--dtype float32] [--rows 128] [--rounds 15] [--shape qwen3-0.6b]
 """

@@ -8,16 +8,18 @@ Mirrors jax_impl/linear.py, where XLA's dot needs no 2-D reshape but has a choic
 - Which library, measured. A CPU inference product can run through
   - F.linear (MKL's GEMM/GEMV in this torch build for float32),
   - oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the op torch.compile's CPU backend emits),
-  - for bfloat16, "upcast": bfloat16 storage, float32 compute, the weight converted UPCAST_BYTES of rows at a time
-    into a float32 block that stays in cache and multiplied by float32 GEMM, the result rounded once (on a processor
-    without bfloat16 instructions, AVX2, the libraries' bfloat16 GEMM is several times slower than that; with them,
-    AVX512_BF16 and AMX, several times faster: docs/benchmarks.md),
+  - for bfloat16, "upcast_blocks": bfloat16 storage, float32 compute, the weight converted UPCAST_BYTES of rows at a
+    time into a float32 block that stays in cache and multiplied by float32 GEMM, the result rounded once (on a
+    processor without bfloat16 instructions, AVX2, the libraries' bfloat16 GEMM is several times slower than that;
+    with them, AVX512_BF16 and AMX, several times faster: docs/benchmarks.md),
   - for few rows (a decode step's), the project's own CPU kernel "gemv" (kernels/cpu/gemv.c: one pass over the
     weight, float32 or bfloat16 storage, float32 compute), where the libraries' matrix-vector code streams a chain
     of decode-sized weights below what the machine can read,
   - for more rows of bfloat16 (a prompt's) on a processor with AMX, the project's tile kernel "gemm"
     (kernels/cpu/gemm_amx_rows.c), which reads the weight in place where the libraries' plain-weight GEMM repacks
-    it on every call.
+    it on every call; on one with AVX-512, "upcast", the same arithmetic as upcast_blocks in the project's kernel
+    (kernels/cpu/gemm.c's float32 loops, each bf16 value widened as the weight is packed: jax_impl's form of the
+    same name), for processors whose bf16 instructions, where they have any, run below their float32 FMAs.
   Every path accumulates in float32 and computes x @ W^T + b up to summation order; which is faster depends on the
   processor (MKL's GEMV is slow on some AMD processors and the faster one on Intel). So the first product of each
   (rows, in, out, dtype, bias) times the paths that apply (spec/path_choice.py) and the process keeps the fastest
@@ -57,13 +59,13 @@ from spec.path_choice import Pass, PathChoice, Timed
 # Three rounds, not two: where two paths stream within a few percent of each other, two rounds let noise move one
 # product off the kernel, and with it the layer's one call (a decode ~12% slower; docs/benchmarks.md). A prompt's
 # product, whose passes swing more, takes the median of three rounds instead (spec/choice_rules.py's COMPUTE_BOUND).
-PATHS = PathChoice("torch_impl.linear", ("gemv", "gemm", "f_linear", "onednn", "upcast"), repeats=3)
+PATHS = PathChoice("torch_impl.linear", ("gemv", "gemm", "upcast", "f_linear", "onednn", "upcast_blocks"), repeats=3)
 STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
 STREAM_BYTES = 64 << 20  # the weights one such timing pass streams, evicted from the caches before it
 MAX_COPIES = 16  # at most this many distinct weights per pass: small products stay cheap to time
 MIN_CHOICE_BYTES = 256 << 10  # smaller weights (test models) stay in cache and keep F.linear unmeasured
 DTYPES = (torch.float32, torch.bfloat16)
-UPCAST_BYTES = 4 << 20  # float32 weight rows the upcast path converts at a time: a block that stays in cache
+UPCAST_BYTES = 4 << 20  # float32 weight rows upcast_blocks converts at a time: a block that stays in cache
 
 
 @functools.cache
@@ -101,7 +103,7 @@ def _onednn(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     return torch.ops.mkldnn._linear_pointwise(x2.contiguous(), weight, bias, "none", [], "")
 
 
-def _upcast(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _upcast_blocks(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """bfloat16 storage, float32 compute: a float32 copy of the whole weight would be written to memory and read
     back; one block of rows at a time stays in cache. Each block's float32 result is rounded once."""
     x32 = x2.float()  # [tokens, in]
@@ -117,17 +119,19 @@ def _upcast(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
 FORMS = {
     "f_linear": F.linear,
     "onednn": _onednn,
-    "upcast": _upcast,
+    "upcast_blocks": _upcast_blocks,
     "gemv": torch_gemv.launch,
     "gemm": torch_gemm.launch,
+    "upcast": torch_gemm.launch_upcast,
 }
 
 
 def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[str, ...]:
     """The paths that can compute `linear(x, weight, bias)`, F.linear first. More than one only for CPU tensors
     of one dtype (float32 or bfloat16), a contiguous weight and no gradient to record: oneDNN where this build
-    runs it for the dtype, the upcast for bfloat16, the CPU kernels where they were built: gemv for at most its
-    MAX_ROWS token rows (kernels/cpu/torch_gemv.py), gemm for a bfloat16 product of more (kernels/cpu/torch_gemm.py)."""
+    runs it for the dtype, upcast_blocks for bfloat16, the CPU kernels where they were built: gemv for at most its
+    MAX_ROWS token rows (kernels/cpu/torch_gemv.py), gemm and upcast for a bfloat16 product of more
+    (kernels/cpu/torch_gemm.py)."""
     dtype = x.dtype  # plain comparisons, cheapest first: a decode step asks ~170 times
     if not (
         (dtype is torch.float32 or dtype is torch.bfloat16)
@@ -143,13 +147,14 @@ def forms_for(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     ):
         return ("f_linear",)
     onednn = ("onednn",) if _onednn_available(x.dtype) else ()
-    upcast = ("upcast",) if x.dtype == torch.bfloat16 else ()
+    blocks = ("upcast_blocks",) if x.dtype == torch.bfloat16 else ()
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # [tokens, in]
     if torch_gemv.supports(x2, weight, bias):
-        kernel = ("gemv",)
+        kernels = ("gemv",)
     else:
-        kernel = ("gemm",) if torch_gemm.supports(x2, weight, bias) else ()
-    return ("f_linear", *onednn, *upcast, *kernel)
+        gemm = ("gemm",) if torch_gemm.supports(x2, weight, bias) else ()
+        kernels = (*gemm, "upcast") if torch_gemm.supports_upcast(x2, weight, bias) else gemm
+    return ("f_linear", *onednn, *blocks, *kernels)
 
 
 def has_choice(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -239,8 +244,8 @@ def linear(
 ) -> torch.Tensor:
     """x [..., in] @ weight[out, in]^T (+ bias) -> [..., out], computed as one [tokens, in] product.
 
-    `path` ("f_linear", "onednn", "upcast", "gemv" or "gemm") pins the path where it applies (else F.linear); None
-    takes the measured choice.
+    `path` (one of PATHS.paths: "f_linear", "onednn", "upcast_blocks", "gemv", "gemm", "upcast") pins the path where
+    it applies (else F.linear); None takes the measured choice.
     """
     x2 = x.reshape(-1, x.shape[-1])  # [tokens, in]
     if path is None:

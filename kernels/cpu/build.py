@@ -1,7 +1,8 @@
 """Compiling and loading the CPU kernels (kernels/cpu/gemv.c with its 512-bit loops gemv_avx512.c,
 kernels/cpu/decode_ops.c and decode_layer.c, which composes the two, and for JAX their XLA bindings gemv_ffi.cc and
 decode_ops_ffi.cc; and only on the processors `ISA` names, for JAX gemm.c with gemm_ffi.cc (AVX-512), gemm_dpbf16.c
-with gemm_dpbf16_ffi.cc (AVX512_BF16) and gemm_amx.c with gemm_amx_ffi.cc (AMX), for torch gemm_amx_rows.c (AMX)).
+with gemm_dpbf16_ffi.cc (AVX512_BF16) and gemm_amx.c with gemm_amx_ffi.cc (AMX), for torch gemm_amx_rows.c (AMX)
+and gemm.c with gemm_upcast_rows.c (AVX-512)).
 
 The kernels are C, compiled on the machine that runs them at first use, with its C compiler, into the project's
 cache directory (spec.default_cache_dir(): $XDG_CACHE_HOME/decoder-parity), under a name that hashes the sources
@@ -87,10 +88,12 @@ SOURCES = {  # per library: what it compiles (.c, .cc) and the headers they incl
     "evict": ("evict.c",),  # the path choices' timing passes (kernels/cpu/evict.py)
     "gemm_amx_xla": ("gemm_amx.c", "gemm_amx_ffi.cc", "amx.h", "xla_pool.h"),
     "gemm_amx_rows": ("gemm_amx_rows.c", "amx.h", "bf16.h"),  # torch's layout, through ctypes
+    "gemm_upcast_rows": ("gemm.c", "gemm_upcast_rows.c", "bf16.h"),  # torch's layout, through ctypes
 }
 # per library, beyond the flags above: (compile flags, the /proc/cpuinfo flags the processor must have for them)
 ISA = {
     "gemm_xla": (("-mavx512f",), ("avx512f",)),
+    "gemm_upcast_rows": (("-mavx512f",), ("avx512f",)),
     "gemm_dpbf16_xla": (("-mavx512f", "-mavx512bw", "-mavx512bf16"), ("avx512f", "avx512bw", "avx512_bf16")),
     "gemm_amx_xla": (
         ("-mavx512f", "-mavx512bw", "-mamx-tile", "-mamx-bf16"),

@@ -4,8 +4,10 @@
  * operands) and gemm_bf16_f32_item (bfloat16 storage, float32 compute: each bf16 value widened exactly to float32 as
  * it is packed, so the result is bit for bit the float32 entry's on the widened operands). The second is for
  * processors whose bf16 instructions, where they have any, run below their float32 FMAs (vdpbf16ps, gemm_dpbf16.c,
- * on an Intel Xeon without AMX exposed: docs/benchmarks.md). Built by kernels/cpu/build.py only where the processor
- * has avx512f, bound to XLA by gemm_ffi.cc; reference: kernels/cpu/reference.py.
+ * on an Intel Xeon without AMX exposed: docs/benchmarks.md). A third, gemm_bf16_f32_rows_item, is the second on
+ * torch's layout W [out, in] (nn.Linear's), read in place: only the packing differs (`pack_bf16_rows`), so its results
+ * are bit for bit the second's on the transposed weight. Built by kernels/cpu/build.py only where the processor has
+ * avx512f, bound to XLA by gemm_ffi.cc, driven for torch by gemm_upcast_rows.c; reference: kernels/cpu/reference.py.
  *
  * Blocking. W is taken in panels of PANEL columns by KC rows, each copied ("packed") into a contiguous [KC, PANEL]
  * buffer (32 KB) that stays in L1 while every row tile of a block of up to MC rows of x runs over it: W's own rows
@@ -103,6 +105,33 @@ static void pack_bf16(const uint16_t *w, long out, long k0, long kc, long c0, lo
     }
 }
 
+/* torch's layout, W[out, in]: the panel's columns are W's rows c0 .. c0 + width, so buf[kk][j] = W[c0 + j][k0 + kk]
+ * widened. Each row is read along k, in order (where the Flax layout's panel takes 64 bytes of each of kc rows), and
+ * transposed by 32-bit gathers: one gathers W[c][k] and W[c][k + 1] for 16 rows c, the low half the first (shifted
+ * up, it is the float32 value), the high half the second (masked). An odd last k is read one value a row: a 32-bit
+ * load there would read past the row's end. Rows past `width` are zero. */
+static void pack_bf16_rows(const uint16_t *w, long in, long k0, long kc, long c0, long width, float *buf) {
+    const __m512i offsets = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                               _mm512_set1_epi32((int)in));  // in bf16 values: scale 2 makes bytes
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (long half = 0; half < 2; half++) {
+        const long first = c0 + 16 * half, n = width - 16 * half;
+        const __mmask16 live = lanes(n);
+        const uint16_t *row0 = w + first * in + k0;  // W[first][k0]; gathered lanes are W's rows first + j
+        long kk = 0;
+        for (; kk + 1 < kc; kk += 2) {
+            const __m512i pair = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offsets, row0 + kk, 2);
+            _mm512_store_ps(buf + kk * PANEL + 16 * half, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)));
+            _mm512_store_ps(buf + (kk + 1) * PANEL + 16 * half, _mm512_castsi512_ps(_mm512_and_si512(pair, high)));
+        }
+        if (kk < kc) {
+            uint32_t bits[16] = {0};
+            for (long j = 0; j < n && j < 16; j++) bits[j] = (uint32_t)row0[j * in + kk] << 16;
+            _mm512_store_ps(buf + kk * PANEL + 16 * half, _mm512_castsi512_ps(_mm512_loadu_si512(bits)));
+        }
+    }
+}
+
 /* x[r0 : r0 + rows, k0 : k0 + kc] (float32, or bf16 widened) into xs [rows, KC]: the tiles' 12 rows of x then lie
  * 1 KB apart, not `in` values (rows 4 KB apart would share one L1 set) */
 static void x_block(const float *x, const uint16_t *x16, long in, long r0, long rows, long k0, long kc, float *xs) {
@@ -117,10 +146,10 @@ static void x_block(const float *x, const uint16_t *x16, long in, long r0, long 
 }
 
 /* Item `item` of `items`: items / gemm_row_blocks(m) spans of panels for each block of MC rows, x and W float32 or
- * (x16, w16 not NULL) bf16, widened into the x block and the panels. Returns 0, or -1 where a buffer could not be had
- * (the caller reports it). */
+ * (x16, w16 not NULL) bf16, widened into the x block and the panels, W bf16 [out, in] where `rows`. Returns 0, or -1
+ * where a buffer could not be had (the caller reports it). */
 static int item_of(const float *x, const float *w, const uint16_t *x16, const uint16_t *w16, float *y, long m, long in,
-                   long out, long item, long items) {
+                   long out, long item, long items, int rows_layout) {
     const long blocks = gemm_row_blocks(m), spans = items / blocks, panels = gemm_panels(out);
     const long block = item / spans, span = item % spans;
     const long r0 = block * MC, rows = m - r0 < MC ? m - r0 : MC;
@@ -137,7 +166,9 @@ static int item_of(const float *x, const float *w, const uint16_t *x16, const ui
         for (long p = p0; p < p1; p++) {
             const long c0 = p * PANEL, width = out - c0 < PANEL ? out - c0 : PANEL;
             const __mmask16 lo = lanes(width), hi = lanes(width - 16);
-            if (w16 != NULL) {
+            if (rows_layout) {
+                pack_bf16_rows(w16, in, k0, kc, c0, width, buf);
+            } else if (w16 != NULL) {
                 pack_bf16(w16, out, k0, kc, c0, width, buf);
             } else {
                 pack(w, out, k0, kc, c0, lo, hi, buf);
@@ -151,10 +182,15 @@ static int item_of(const float *x, const float *w, const uint16_t *x16, const ui
 }
 
 int gemm_f32_item(const float *x, const float *w, float *y, long m, long in, long out, long item, long items) {
-    return item_of(x, w, NULL, NULL, y, m, in, out, item, items);
+    return item_of(x, w, NULL, NULL, y, m, in, out, item, items, 0);
 }
 
 int gemm_bf16_f32_item(const uint16_t *x, const uint16_t *w, float *y, long m, long in, long out, long item,
                        long items) {
-    return item_of(NULL, NULL, x, w, y, m, in, out, item, items);
+    return item_of(NULL, NULL, x, w, y, m, in, out, item, items, 0);
+}
+
+int gemm_bf16_f32_rows_item(const uint16_t *x, const uint16_t *w, float *y, long m, long in, long out, long item,
+                            long items) {
+    return item_of(NULL, NULL, x, w, y, m, in, out, item, items, 1);
 }

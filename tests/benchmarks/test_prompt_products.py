@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import prompt_products
 from benchmarks.qwen3_shape import SHAPES
-from kernels.cpu import jax_gemm
+from kernels.cpu import jax_gemm, torch_gemm
 
 
 def test_a_layers_products_are_the_shapes_weights():
@@ -30,7 +30,7 @@ def test_a_moe_shape_is_refused_by_name():
 def test_the_layer_totals_are_the_shapes_times():
     products = [("a", 4, 8), ("b", 4, 8), ("c", 8, 4)]
     seconds = {
-        (4, 8): {"jax/dot": 2.0, "jax/gemm": 1.0, "torch/f_linear": 3.0, "torch/upcast": 4.0},
+        (4, 8): {"jax/dot": 2.0, "jax/gemm": 1.0, "torch/f_linear": 3.0, "torch/upcast_blocks": 4.0},
         (8, 4): {"jax/dot": 1.0, "jax/gemm": 5.0, "torch/f_linear": 2.0},
     }
     layer = prompt_products.summarize(products, seconds)
@@ -48,8 +48,9 @@ def test_a_run_times_every_offered_form(tmp_path, capsys, dtype):
     for timed in figures["seconds"].values():
         assert {"jax/dot", "torch/f_linear"} <= set(timed) and all(s > 0 for s in timed.values())
         assert ("jax/upcast" in timed) == (dtype == "bfloat16" and jax_gemm.upcast_available())
+        assert ("torch/upcast" in timed) == (dtype == "bfloat16" and torch_gemm.upcast_available())
         if dtype == "bfloat16":
-            assert "torch/upcast" in timed
+            assert "torch/upcast_blocks" in timed
     for backend in ("jax", "torch"):
         assert figures["layer"][backend]["fastest_s"] <= figures["layer"][backend]["baseline_s"]
     assert "a layer's products" in capsys.readouterr().out

@@ -48,8 +48,8 @@ def test_linear_matches_float64_product(path, lead, bias):
     assert max_rel(got, want) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv", "gemm"])
-@pytest.mark.parametrize("rows", [1, 45])  # a decode step's (gemv's), a prompt's (gemm's, where AMX is)
+@pytest.mark.parametrize("path", PATHS.paths)
+@pytest.mark.parametrize("rows", [1, 45])  # a decode step's (gemv's), a prompt's (gemm's where AMX is, upcast's)
 def test_bfloat16_paths_match_float64_product(path, rows):
     gen = torch.Generator().manual_seed(5)
     x, w = torch.randn(rows, 96, generator=gen).bfloat16(), torch.randn(40, 96, generator=gen).bfloat16()
@@ -70,9 +70,11 @@ def test_which_products_have_a_choice():
         many = torch.randn(torch_gemv.MAX_ROWS + 1, 8)
         assert forms_for(many, w) == ("f_linear", *onednn)  # a float32 GEMM: the libraries'
         bf16_onednn = ("onednn",) if _onednn_available(torch.bfloat16) else ()
-        assert forms_for(x.bfloat16(), w.bfloat16()) == ("f_linear", *bf16_onednn, "upcast", *gemv)  # upcast: always
+        blocks = ("upcast_blocks",)  # every bfloat16 product
+        assert forms_for(x.bfloat16(), w.bfloat16()) == ("f_linear", *bf16_onednn, *blocks, *gemv)
         gemm = ("gemm",) if torch_gemm.available() else ()  # built where the processor has AMX
-        assert forms_for(many.bfloat16(), w.bfloat16()) == ("f_linear", *bf16_onednn, "upcast", *gemm)
+        upcast = ("upcast",) if torch_gemm.upcast_available() else ()  # ... where it has AVX-512
+        assert forms_for(many.bfloat16(), w.bfloat16()) == ("f_linear", *bf16_onednn, *blocks, *gemm, *upcast)
         assert not has_choice(x.half(), w.half())  # F.linear only
         assert not has_choice(x, w.T.contiguous().T)  # a transposed view: F.linear handles the strides
         assert not has_choice(x, w.double())  # mixed dtypes: F.linear decides what that means
@@ -113,11 +115,11 @@ def test_rows_key_is_exact_for_streaming_products_and_bucketed_above():
     assert [rows_key(r) for r in (STREAM_ROWS + 1, 16, 17, 100, 128, 129, 4096)] == [16, 16, 32, 128, 128, 256, 4096]
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv", "gemm"])
+@pytest.mark.parametrize("path", PATHS.paths)
 def test_forced_path_applies_without_measuring(fresh_choices, path):
     x, w = torch.randn(3, 16), torch.randn(8, 16)
     with torch.inference_mode(), PATHS.forced(path):
-        want = path if path in forms_for(x, w) else "f_linear"  # float32: no upcast
+        want = path if path in forms_for(x, w) else "f_linear"  # float32: no upcast of either kind
         assert path_of(x, w) == want
         layer = Linear(16, 8, bias=True)  # the module's products follow the pin too
         want_out = x.double() @ layer.weight.double().T + layer.bias.double()
@@ -148,15 +150,15 @@ def test_non_contiguous_input(path):
         assert max_rel(linear(x, w, path=path), x.double() @ w.double().T) <= MAX_REL
 
 
-@pytest.mark.parametrize("path", ["f_linear", "onednn", "upcast", "gemv", "gemm"])
+@pytest.mark.parametrize("path", PATHS.paths)
 def test_flop_counter_sees_every_path(path, monkeypatch):
-    """FlopCounterMode counts 2 * tokens * out * in whichever library runs the product (the upcast in blocks)."""
+    """FlopCounterMode counts 2 * tokens * out * in whichever library runs the product (upcast_blocks in blocks)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     monkeypatch.setattr(torch_linear, "UPCAST_BYTES", 4 * 37 * 10)  # 10 rows a block: 6 blocks
-    rows = 11 if path == "gemm" else 3  # the many-row kernel takes more than a decode step's rows
+    rows = 11 if path in ("gemm", "upcast") else 3  # the many-row kernels take more than a decode step's rows
     x, w = torch.randn(rows, 37), torch.randn(53, 37)
-    if path in ("upcast", "gemm"):
+    if path in ("upcast_blocks", "gemm", "upcast"):
         x, w = x.bfloat16(), w.bfloat16()
     for grad in (False, True):
         with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
@@ -186,6 +188,7 @@ def test_without_onednn_or_the_kernel_falls_back_to_f_linear(monkeypatch, fresh_
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     monkeypatch.setattr(torch_gemv, "available", lambda: False)  # no compiler, no AVX2: kernels/cpu/build.py
     monkeypatch.setattr(torch_gemm, "available", lambda: False)  # no AMX
+    monkeypatch.setattr(torch_gemm, "upcast_available", lambda: False)  # no AVX-512
     try:
         x, w = torch.randn(4, 37), torch.randn(53, 37)
         with torch.inference_mode():
@@ -193,8 +196,9 @@ def test_without_onednn_or_the_kernel_falls_back_to_f_linear(monkeypatch, fresh_
             for path in ("onednn", "gemv"):
                 assert max_rel(linear(x, w, path=path), x.double() @ w.double().T) <= MAX_REL
             x16, w16 = torch.randn(12, 37).bfloat16(), torch.randn(53, 37).bfloat16()
-            assert forms_for(x16, w16) == ("f_linear", "upcast")
-            assert max_rel(linear(x16, w16, path="gemm"), x16.double() @ w16.double().T) <= BF16_REL
+            assert forms_for(x16, w16) == ("f_linear", "upcast_blocks")
+            for path in ("gemm", "upcast"):
+                assert max_rel(linear(x16, w16, path=path), x16.double() @ w16.double().T) <= BF16_REL
         assert fresh_choices.chosen() == {}  # nothing to choose between: nothing measured
     finally:
         _onednn_available.cache_clear()  # the next caller probes the real build again
@@ -202,14 +206,14 @@ def test_without_onednn_or_the_kernel_falls_back_to_f_linear(monkeypatch, fresh_
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_upcast_in_blocks_is_exact_where_the_product_is(monkeypatch, bias):
-    """bfloat16 small integers: every product and sum is exact in float32 and in bfloat16, so the upcast gives
+    """bfloat16 small integers: every product and sum is exact in float32 and in bfloat16, so upcast_blocks gives
     F.linear's bits whatever the blocking; 53 output rows in blocks of 10 leave a last block of 3."""
     monkeypatch.setattr(torch_linear, "UPCAST_BYTES", 4 * 37 * 10)
     x = (torch.arange(4 * 37) % 5 - 2).view(4, 37).bfloat16()  # [4, 37], values in -2..2
     w = (torch.arange(53 * 37) % 7 - 3).view(53, 37).bfloat16()  # [53, 37], values in -3..3
     b = torch.arange(53).bfloat16() - 26 if bias else None
     with torch.inference_mode():
-        got = linear(x, w, b, path="upcast")
+        got = linear(x, w, b, path="upcast_blocks")
         assert got.dtype == torch.bfloat16 and got.shape == (4, 53)
         assert torch.equal(got, F.linear(x.float(), w.float(), None if b is None else b.float()).bfloat16())
 
@@ -222,7 +226,7 @@ def test_upcast_in_blocks_matches_float64_product(monkeypatch):
     x, w = torch.randn(5, 96, generator=gen).bfloat16(), torch.randn(41, 96, generator=gen).bfloat16()
     b = torch.randn(41, generator=gen).bfloat16()
     with torch.inference_mode():
-        got = linear(x, w, b, path="upcast")
+        got = linear(x, w, b, path="upcast_blocks")
     assert max_rel(got, x.double() @ w.double().T + b.double()) <= BF16_REL
 
 

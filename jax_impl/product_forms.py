@@ -31,7 +31,7 @@ only: the single dot, and
 - upcast (bfloat16): bfloat16 storage, float32 compute, on gemm.c's float32 loops (each value widened as it is
   packed), on any AVX-512 processor: where the bf16 instructions run below the float32 FMAs (vdpbf16ps on an Intel
   Xeon without AMX exposed), or there are none (AVX-512 without AVX512_BF16), the faster form. torch_impl's
-  "upcast" is the same arithmetic on its libraries' float32 GEMM.
+  "upcast" is the same loops on nn.Linear's layout (its "upcast_blocks" the same arithmetic on the libraries' GEMM).
 
 Every form accumulates in float32 and rounds once to the output dtype; they differ only by summation order
 (tests/jax_impl/test_linear.py checks each against a float64 product).

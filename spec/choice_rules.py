@@ -6,8 +6,8 @@
   off it alone; a slow spell during the other's passes keeps the default, however much faster the other is.
 - "median": every candidate in every round (in turn, the order reversed every other round), and the one whose
   median ratio to the default's time in the same round is lowest, where it is below 1 - `margin`. Over three rounds
-  no one slow spell decides, either way: the rule for a compute-bound product, whose passes swing by up to 2x on a
-  shared VM (docs/benchmarks.md).
+  no one slow spell decides, either way: the rule for a compute-bound product, whose passes on a shared VM can
+  differ by more than the forms do (docs/benchmarks.md).
 
 Each rule takes the candidates' passes and `time`, which times one pass (PathChoice's: its clock, and a `Pass`'s
 eviction before it), and returns the path taken and each candidate's seconds per round. Framework-neutral.
@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 RULES = ("every", "median")
-# How the backends decide a compute-bound product (a prompt's): each of its candidates' passes can swing by up to 2x
-# on a shared VM, and under rule "every" one slow pass of a 1.45x faster form kept the default (docs/benchmarks.md).
+# How the backends decide a compute-bound product (a prompt's): its candidates' passes on a shared VM can differ by
+# more than the forms do, and under rule "every" one slow pass of a far faster form kept the default
+# (docs/benchmarks.md).
 COMPUTE_BOUND = MappingProxyType({"rule": "median", "repeats": 3})
 
 Rounds = dict[str, list[float]]  # each candidate's seconds, round by round

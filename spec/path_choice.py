@@ -11,9 +11,9 @@ those that can still be taken), keeps the fastest for the rest of the process an
 
 The first candidate in `paths` order is the key's default, and one of two rules (spec/choice_rules.py) decides
 whether another replaces it: "every" (it must beat the default by `margin` in every round that timed both: a slow
-spell during one of the default's passes, which on a shared VM can cost it 20-40% of one pass, cannot move a product
-off it alone) or "median" (the median of the rounds' paired ratios: no one slow spell decides, either way; for
-compute-bound products, whose passes swing by up to 2x). A PathChoice has a rule, and a key can ask for another
+spell during one of the default's passes, which on a shared VM can cost it a good part of one pass, cannot move a
+product off it alone) or "median" (the median of the rounds' paired ratios: no one slow spell decides, either way;
+for compute-bound products, whose passes swing more). A PathChoice has a rule, and a key can ask for another
 (`choose`). The choice of a process does not change once made.
 
 Correctness never depends on the choice: every candidate computes the same product (the backends' tests check

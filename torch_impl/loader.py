@@ -30,7 +30,7 @@ def to_torch(array: np.ndarray) -> torch.Tensor:
 
     The array is usually a read-only view of the checkpoint's memory map: the tensor is only ever read (the
     loader copies it into the parameter), so torch's warning about non-writable arrays is silenced here
-    rather than paid for with a second copy of every weight (the load measured 8-11% slower with it).
+    rather than paid for with a second copy of every weight (which slows the load: docs/benchmarks.md).
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -58,7 +58,7 @@ def dot(lhs: jax.Array, rhs: jax.Array, dims, precision, preferred_element_type,
     result, rounded once to the operands' dtype. The same arithmetic as a low-precision result (every form
     accumulates in float32), but XLA:CPU runs it differently: asked for a bf16 result it converts both operands to
     float32 copies and runs a float32 matmul; asked for a float32 one it hands the bf16 operands to its library
-    matmul as they are, 4-5x faster on a 128-row product here (docs/benchmarks.md)."""
+    matmul as they are, several times faster on a 128-row product (docs/benchmarks.md)."""
     low = preferred_element_type is None and jnp.dtype(lhs.dtype) in LOW_PRECISION and lhs.dtype == rhs.dtype
     out = jax.lax.dot_general(
         lhs,

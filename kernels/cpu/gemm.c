@@ -109,13 +109,18 @@ static void pack_bf16(const uint16_t *w, long out, long k0, long kc, long c0, lo
  * widened. Each row is read along k, in order (where the Flax layout's panel takes 64 bytes of each of kc rows), and
  * transposed by 32-bit gathers: one gathers W[c][k] and W[c][k + 1] for 16 rows c, the low half the first (shifted
  * up, it is the float32 value), the high half the second (masked). An odd last k is read one value a row: a 32-bit
- * load there would read past the row's end. Rows past `width` are zero. */
+ * load there would read past the row's end. Rows past `width` are zero. The gathers' offsets are int32, up to
+ * 15 * in: `in` at most GEMM_ROWS_MAX_IN (the driver refuses more). */
 static void pack_bf16_rows(const uint16_t *w, long in, long k0, long kc, long c0, long width, float *buf) {
     const __m512i offsets = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                _mm512_set1_epi32((int)in));  // in bf16 values: scale 2 makes bytes
     const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
     for (long half = 0; half < 2; half++) {
         const long first = c0 + 16 * half, n = width - 16 * half;
+        if (n <= 0) {  // a last panel of 16 columns or fewer: its second half is zero (and W has no row `first`)
+            for (long kk = 0; kk < kc; kk++) _mm512_store_ps(buf + kk * PANEL + 16, _mm512_setzero_ps());
+            continue;
+        }
         const __mmask16 live = lanes(n);
         const uint16_t *row0 = w + first * in + k0;  // W[first][k0]; gathered lanes are W's rows first + j
         long kk = 0;

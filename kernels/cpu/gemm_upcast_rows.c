@@ -15,6 +15,7 @@
 
 #include "bf16.h"
 
+#define GEMM_ROWS_MAX_IN (0x7fffffffL / 15)  // gemm.c gathers W's rows at int32 offsets up to 15 * in
 long gemm_row_blocks(long m);
 long gemm_panels(long out);
 int gemm_bf16_f32_rows_item(const uint16_t *x, const uint16_t *w, float *y, long m, long in, long out, long item,
@@ -47,10 +48,12 @@ static void finish_row(float *y32, const uint16_t *bias, uint16_t *y16, long out
     }
 }
 
-/* bias (NULL: none) [out], y32 [m, out] float32 sums, y16 (NULL: the result is y32) [m, out]. Returns 0, or -1 where
- * a thread could not have its packing buffers (the caller reports it). */
+/* bias (NULL: none) [out], y32 [m, out] float32 sums, y16 (NULL: the result is y32) [m, out]. Returns 0; -1 where a
+ * thread could not have its packing buffers, -2 where `in` is past what gemm.c's gathers address (GEMM_ROWS_MAX_IN:
+ * the caller reports either). */
 int gemm_upcast_rows_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, float *y32, uint16_t *y16,
                           long m, long in, long out) {
+    if (in > GEMM_ROWS_MAX_IN) return -2;
     const long threads = omp_get_max_threads(), panels = gemm_panels(out);
     const long spans = panels < 2 * threads ? panels : 2 * threads, items = gemm_row_blocks(m) * spans;
     int failed = 0;

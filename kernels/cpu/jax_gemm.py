@@ -11,7 +11,8 @@ instruction does 16 x 16 x 32 multiply-adds where vdpbf16ps does 16 x 2, and AMX
 rate vdpbf16ps can reach on those cores at all (docs/benchmarks.md); vdpbf16ps is for processors without tiles (AMD
 Zen 4, Intel Cooper Lake). Whether vdpbf16ps beats the float32 FMAs depends on the core, not on a flag (on an Intel
 Xeon without AMX exposed it ran below them: docs/benchmarks.md), so jax_impl/linear.py offers `upcast` as a form of
-its own beside `gemm` and times the two. Each is a custom call inside a jitted program (jax.ffi.ffi_call),
+its own beside `gemm` and times the two (kernels/cpu/torch_gemm.py's `upcast` is its twin: the same loops on
+nn.Linear's layout). Each is a custom call inside a jitted program (jax.ffi.ffi_call),
 differentiable: its backward is the two plain products (jax_gemv.backward). CPU only.
 """
 

@@ -2,14 +2,14 @@
 tiles (kernels/cpu/gemm_amx_rows.c), and `upcast(x2, weight, bias)`, the same product computed in float32 by gemm.c's
 loops, each bf16 value widened exactly as it is packed (kernels/cpu/gemm_upcast_rows.c: AVX-512F alone).
 
-torch_impl/linear.py offers it as the path "gemm" beside F.linear and oneDNN for products of more than a decode
+torch_impl/linear.py offers `gemm` as the path "gemm" beside F.linear and oneDNN for products of more than a decode
 step's rows (a prompt's), chosen by measurement; the twin of kernels/cpu/jax_gemm.py, whose kernel reads Flax's
-layout. This one reads nn.Linear's weight [out, in] in place, bfloat16, accumulates in float32 and rounds the result
+layout. `gemm` reads nn.Linear's weight [out, in] in place, bfloat16, accumulates in float32 and rounds the result
 once to bfloat16 as torch rounds (or returns the float32 sum: `out_dtype`). Called through ctypes on the tensors'
 memory, on torch's OpenMP team (the library is loaded after torch: the same libgomp.so.1, sized by
 torch.set_num_threads). Registered as the operator `torch.ops.decoder_parity.gemm` (CPU), taken whenever a dispatch
 mode (FlopCounterMode) or the profiler is active. Inference only (no autograd), CPU tensors only, and only where the
-processor has AMX (kernels/cpu/build.py's ISA): `supports` says when it applies.
+processor has AMX (kernels/cpu/build.py's ISA): `supports` says when `gemm` applies.
 
 `upcast` is the path "upcast" of torch_impl/linear.py, the twin of kernels/cpu/jax_gemm.py's `upcast` (the same
 loops, on Flax's layout), for processors whose bf16 instructions, where they have any, run below their float32 FMAs:
@@ -28,6 +28,7 @@ from kernels.cpu import build, torch_gemv, torch_operator
 MIN_ROWS = torch_gemv.MAX_ROWS + 1  # fewer token rows are a decode step's: kernels/cpu/gemv.c streams those
 LIBRARY = "gemm_amx_rows"
 UPCAST_LIBRARY = "gemm_upcast_rows"
+UPCAST_MAX_IN = (2**31 - 1) // 15  # gemm.c gathers W's rows at int32 offsets up to 15 * in (gemm_upcast_rows.c)
 _P, _L = ctypes.c_void_p, ctypes.c_long
 _refused: list[str] = []
 
@@ -77,8 +78,8 @@ def supports(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
 
 
 def supports_upcast(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """`supports`' operands, and `upcast`'s kernel built here."""
-    return _operands_fit(x2, weight, bias) and upcast_available()
+    """`supports`' operands with at most UPCAST_MAX_IN in-features, and `upcast`'s kernel built here."""
+    return _operands_fit(x2, weight, bias) and weight.shape[1] <= UPCAST_MAX_IN and upcast_available()
 
 
 def _operands_fit(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -124,18 +125,14 @@ def launch(
 def launch_upcast(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """`upcast` for a caller that has checked `supports_upcast` itself."""
+    """`upcast` for a caller that has checked `supports_upcast` itself (torch_impl/linear.py's forms_for)."""
     return _launch("upcast", x2, weight, bias, out_dtype)
 
 
 def _checked(
     name: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype | None
 ) -> torch.Tensor:
-    fits, built, why = (
-        (supports, available, unavailable)
-        if name == "gemm"
-        else (supports_upcast, upcast_available, lambda: build.unavailable(UPCAST_LIBRARY))
-    )
+    fits, built, why = _CHECKS[name]
     if not fits(x2, weight, bias) or out_dtype not in (None, torch.bfloat16, torch.float32):
         raise ValueError(
             f"{name}: x {tuple(x2.shape)} {x2.dtype} {x2.device}, weight {tuple(weight.shape)} {weight.dtype} "
@@ -179,12 +176,18 @@ def _run_upcast(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         x2.data_ptr(), weight.data_ptr(), None if b is None else b.data_ptr(), sums.data_ptr(),
         None if out is None else out.data_ptr(), rows, x2.shape[1], out_features,
     )  # fmt: skip
+    if err == -2:
+        raise ValueError(f"upcast: weight {tuple(weight.shape)} has more than {UPCAST_MAX_IN} in-features")
     if err != 0:
         raise MemoryError(f"upcast: no memory for a thread's packing buffers (kernels/cpu/gemm.c), x {tuple(x2.shape)}")
     return sums if out is None else out
 
 
 _RUNS = {"gemm": _run, "upcast": _run_upcast}
+_CHECKS = {  # per product: (its operands fit and it is built, it is built, why it is not)
+    "gemm": (supports, available, unavailable),
+    "upcast": (supports_upcast, upcast_available, lambda: build.unavailable(UPCAST_LIBRARY)),
+}
 
 
 @functools.cache

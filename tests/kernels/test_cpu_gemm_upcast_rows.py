@@ -79,3 +79,16 @@ def test_bit_for_bit_jax_impls_upcast_on_the_transposed_weight(rows, in_, out):
     as_jax = lambda t: jnp.asarray(t.float().numpy()).astype(jnp.bfloat16)  # noqa: E731 (exact: bf16 values)
     twin = np.asarray(jax.jit(jax_gemm.upcast)(as_jax(x), as_jax(w.T.contiguous())))  # W [in, out]: Flax's layout
     np.testing.assert_array_equal(got, twin)
+
+
+def test_in_features_past_the_gathers_reach_are_refused():
+    """gemm.c gathers W's rows at int32 offsets up to 15 * in: wider rows are not the kernel's. x is an expanded view
+    (no memory) and W is never written (its pages are never touched): the shapes are refused before any is read."""
+    wide = torch_gemm.UPCAST_MAX_IN + 1
+    x = torch.zeros(1, 1, dtype=torch.bfloat16).expand(torch_gemm.MIN_ROWS, wide)
+    w = torch.empty(1, wide, dtype=torch.bfloat16)  # [1, in], contiguous
+    assert not torch_gemm.supports_upcast(x, w, None)
+    at_most = torch.empty(1, wide - 1, dtype=torch.bfloat16)
+    assert torch_gemm.supports_upcast(x[:, :-1], at_most, None) is torch_gemm.upcast_available()
+    with pytest.raises(ValueError, match=rf"upcast: x \({torch_gemm.MIN_ROWS}, {wide}\)"):
+        torch_gemm.upcast(x, w)

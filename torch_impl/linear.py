@@ -58,8 +58,8 @@ from spec.path_choice import Pass, PathChoice, Timed
 # kernel where one applies (each reads the weight in its stored layout: gemv and gemm in place, upcast packing panels
 # of it as it goes), else F.linear. Three rounds, not two: where two paths stream within a few percent of each other,
 # two rounds let noise move one product off the kernel, and with it the layer's one call (a slower decode;
-# docs/benchmarks.md). A prompt's
-# product, whose passes swing more, takes the median of three rounds instead (spec/choice_rules.py's COMPUTE_BOUND).
+# docs/benchmarks.md). A prompt's product, whose passes swing more, takes the median of three rounds instead
+# (spec/choice_rules.py's COMPUTE_BOUND).
 PATHS = PathChoice("torch_impl.linear", ("gemv", "gemm", "upcast", "f_linear", "onednn", "upcast_blocks"), repeats=3)
 STREAM_ROWS = 8  # up to this many token rows a product streams its weight (memory-bound): timed out of cache
 STREAM_BYTES = 64 << 20  # the weights one such timing pass streams, evicted from the caches before it

@@ -151,8 +151,8 @@ static void x_block(const float *x, const uint16_t *x16, long in, long r0, long 
 }
 
 /* Item `item` of `items`: items / gemm_row_blocks(m) spans of panels for each block of MC rows, x and W float32 or
- * (x16, w16 not NULL) bf16, widened into the x block and the panels, W bf16 [out, in] where `rows`. Returns 0, or -1
- * where a buffer could not be had (the caller reports it). */
+ * (x16, w16 not NULL) bf16, widened into the x block and the panels, W bf16 [out, in] where `rows_layout`. Returns 0,
+ * or -1 where a buffer could not be had (the caller reports it). */
 static int item_of(const float *x, const float *w, const uint16_t *x16, const uint16_t *w16, float *y, long m, long in,
                    long out, long item, long items, int rows_layout) {
     const long blocks = gemm_row_blocks(m), spans = items / blocks, panels = gemm_panels(out);

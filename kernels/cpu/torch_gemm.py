@@ -134,10 +134,11 @@ def _checked(
 ) -> torch.Tensor:
     fits, built, why = _CHECKS[name]
     if not fits(x2, weight, bias) or out_dtype not in (None, torch.bfloat16, torch.float32):
+        limit = f" with in <= {UPCAST_MAX_IN}" if name == "upcast" else ""
         raise ValueError(
             f"{name}: x {tuple(x2.shape)} {x2.dtype} {x2.device}, weight {tuple(weight.shape)} {weight.dtype} "
             f"(contiguous: {weight.is_contiguous()}), bias {None if bias is None else tuple(bias.shape)}, out_dtype "
-            f"{out_dtype}: needs CPU bfloat16 tensors, x [rows >= {MIN_ROWS}, in], weight [out, in] contiguous, "
+            f"{out_dtype}: needs CPU bfloat16 tensors, x [rows >= {MIN_ROWS}, in], weight [out, in] contiguous{limit}, "
             f"bias [out], out_dtype bfloat16 or float32 (kernel available: {built()}; {why() or 'built'})"
         )
     return _launch(name, x2, weight, bias, out_dtype)

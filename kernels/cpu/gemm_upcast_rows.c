@@ -6,8 +6,9 @@
  * reference: kernels/cpu/reference.py.
  *
  * The work is gemm.c's items (a block of rows of x by a span of W's panels), claimed one at a time by the team's
- * threads, a few per thread so that a late thread still finds some; then the team adds the bias and rounds, row by
- * row. The float32 sums are written to `y32` (the caller's: the result itself where it asks for float32).
+ * threads, a few per thread so that a late thread still finds some (the spans gemm_ffi.h's GemmRows cuts for XLA's
+ * pool); then the team adds the bias and rounds, row by row. The float32 sums are written to `y32` (the caller's:
+ * the result itself where it asks for float32).
  */
 #include <immintrin.h>
 #include <omp.h>

@@ -20,9 +20,9 @@ def round_to_dtype(x, dtype: tl.constexpr):
 
     Triton's interpreter truncates fp32 -> bf16 (a GPU rounds to nearest-even), which would make CPU runs
     disagree with torch by an ulp; so where this module is interpreted (BY_HAND), the cast rounds by hand on
-    the bits, exactly as the GPU's cvt.rn.bf16.f32 does. Compiled, the cast is that one instruction: the hand
-    rounding cost ~20 instructions an element in add_rms_norm, whose four casts an element made it ~40% of the
-    kernel's instructions, in a kernel held to a share of the copy bandwidth.
+    the bits, exactly as the GPU's cvt.rn.bf16.f32 does. Compiled, the cast is that one instruction: rounded by
+    hand, add_rms_norm's four casts an element were a large share of a kernel held to a share of the copy
+    bandwidth (docs/benchmarks.md).
     """
     if BY_HAND and dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
